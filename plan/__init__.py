@@ -1,0 +1,1 @@
+"""The plan: profiles, identities, kernel sources, launch lists and the reference model."""

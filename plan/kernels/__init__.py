@@ -1,0 +1,1 @@
+"""Triton kernel sources, one file per kernel family."""

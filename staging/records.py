@@ -1,0 +1,127 @@
+"""Binary records of SPEC §7–§8 as little-endian numpy structured dtypes, with pack/unpack.
+
+Each record is one `Record` object: its dtype (explicit offsets, so the layout is the SPEC's table,
+not numpy's packing), `pack(**fields) -> bytes`, `unpack(buffer) -> dict` and `view(buffer)`,
+a zero-copy structured view of one or more records in a writable buffer.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+class RecordError(ValueError):
+    """A buffer is not a valid record (wrong size, bad field value)."""
+
+
+class Record:
+    def __init__(self, name: str, fields: list[tuple[str, str, int]], itemsize: int):
+        self.name = name
+        self.dtype = np.dtype({"names": [f[0] for f in fields],
+                               "formats": [f[1] for f in fields],
+                               "offsets": [f[2] for f in fields],
+                               "itemsize": itemsize})
+        self.itemsize = itemsize
+        self.fields = tuple(f[0] for f in fields)
+
+    def offset(self, field: str) -> int:
+        return self.dtype.fields[field][1]
+
+    def zeros(self) -> np.ndarray:
+        return np.zeros((), self.dtype)
+
+    def pack(self, **values) -> bytes:
+        unknown = set(values) - set(self.fields)
+        if unknown:
+            raise RecordError(f"{self.name}: unknown field(s) {sorted(unknown)}; "
+                              f"fields are {list(self.fields)}")
+        rec = self.zeros()
+        for k, v in values.items():
+            if isinstance(v, str):
+                v = v.encode("ascii")
+            rec[k] = v
+        return rec.tobytes()
+
+    def unpack(self, buffer) -> dict:
+        data = memoryview(buffer).cast("B")
+        if len(data) != self.itemsize:
+            raise RecordError(f"{self.name}: {len(data)} bytes, expected {self.itemsize}")
+        rec = np.frombuffer(data, self.dtype, count=1)[0]
+        out = {}
+        for k in self.fields:
+            v = rec[k]
+            if isinstance(v, np.ndarray):
+                out[k] = v.copy()
+            elif isinstance(v, bytes):
+                out[k] = _fixed_bytes(data, self, k)
+            else:
+                out[k] = v.item()
+        return out
+
+    def view(self, buffer, count: int | None = None, offset: int = 0) -> np.ndarray:
+        """Zero-copy structured view of `count` records at `offset` in `buffer`."""
+        arr = np.frombuffer(buffer, np.uint8)
+        n = count if count is not None else (arr.size - offset) // self.itemsize
+        return arr[offset:offset + n * self.itemsize].view(self.dtype)
+
+
+def _fixed_bytes(data: memoryview, rec: Record, field: str) -> bytes:
+    # numpy strips trailing NULs from S fields; return the exact bytes of the field
+    start = rec.offset(field)
+    return bytes(data[start:start + rec.dtype.fields[field][0].itemsize])
+
+
+U32, U16, U64, I64 = "<u4", "<u2", "<u8", "<i8"
+
+SEMAPHORE_RECORD = Record("semaphore record", [
+    ("payload", U32, 0), ("zero", U32, 4), ("timestamp", U64, 8)], 16)
+
+SEMAPHORE_SLOT = Record("semaphore slot", [
+    ("final_payload", U32, 0), ("final_zero", U32, 4), ("final_timestamp", U64, 8),
+    ("prelaunch_payload", U32, 16), ("prelaunch_zero", U32, 20), ("prelaunch_timestamp", U64, 24),
+], 32)
+
+TIMESTAMP_ENTRY = Record("timestamp entry", [
+    ("submission", U32, 0), ("sequence", U32, 4), ("context", U64, 8),
+    ("host_issue_ns", U64, 16), ("device_prelaunch_ns", U64, 24), ("device_final_ns", U64, 32),
+    ("host_fence_ns", U64, 40), ("host_wall_issue_ns", U64, 48), ("step", U32, 56),
+    ("flags", U32, 60)], 64)
+TIMESTAMP_NO_STEP = 0xFFFFFFFF
+FLAG_FENCE_OBSERVED = 1 << 0
+FLAG_ERROR = 1 << 1
+
+ERROR_NOTIFIER = Record("error notifier", [
+    ("time_ns", U64, 0), ("info32", U32, 8), ("info16", U16, 12), ("status", U16, 14),
+    ("sequence", U32, 16), ("step", U32, 20), ("reason", "S40", 24)], 64)
+NOTIFIER_STATUS_NONE = 0
+NOTIFIER_STATUS_ERROR = 0xFFFF
+NOTIFIER_NO_STEP = 0xFFFFFFFF
+INFO_FENCE_TIMEOUT = 0x10001
+INFO_MARKER_SURVIVED = 0x10002
+INFO_HOST_IO = 0x10003
+
+STATUS_MAGIC = b"COPPSTAT"
+STATUS_VERSION = 1
+OUTCOME_COMPLETED, OUTCOME_DEVICE_ERROR, OUTCOME_INTERRUPTED, OUTCOME_HOST_ERROR = 0, 1, 2, 3
+OUTCOMES = {0: "completed", 1: "device error", 2: "interrupted", 3: "host error"}
+BACKEND_CUDA, BACKEND_INTERPRET = 1, 2
+BACKENDS = {1: "cuda", 2: "interpret"}
+
+STATUS_BLOCK = Record("status block", [
+    ("magic", "S8", 0), ("version", U32, 8), ("outcome", U32, 12), ("c0", U64, 16),
+    ("steps_planned", U64, 24), ("steps_completed", U64, 32), ("update_count", U64, 40),
+    ("gp_get", U32, 48), ("gp_put", U32, 52), ("publications", U32, 56), ("backend", U32, 60),
+    ("wall_ns", U64, 64), ("predictions", ("<u4", (3, 2)), 72),
+    ("compute_capability", U32, 96), ("driver_version", U32, 100),
+    ("checkpoint_sha256", ("u1", (32,)), 104), ("device_name", "S24", 136)], 160)
+
+STAT_RECORD = Record("stat record", [
+    ("st_dev", U64, 0), ("st_ino", U64, 8), ("st_size", U64, 16), ("st_mode", U32, 24),
+    ("st_nlink", U32, 28), ("st_uid", U32, 32), ("st_gid", U32, 36), ("st_atime_ns", I64, 40),
+    ("st_mtime_ns", I64, 48), ("st_ctime_ns", I64, 56), ("st_blocks", U64, 64),
+    ("st_blksize", U64, 72), ("update_count", U64, 80), ("zero0", U64, 88),
+    ("gp_get", U32, 96), ("gp_put", U32, 100), ("semaphore_word", U32, 104), ("zero1", U32, 108),
+    ("payload_sha256", ("u1", (32,)), 112), ("zero2", ("u1", (16,)), 144)], 160)
+
+PREDICTION = Record("prediction", [("token", U32, 0), ("valid", U32, 4)], 8)
+
+ALL = (SEMAPHORE_RECORD, SEMAPHORE_SLOT, TIMESTAMP_ENTRY, ERROR_NOTIFIER, STATUS_BLOCK, STAT_RECORD)
