@@ -65,8 +65,11 @@ class Backend:
         """Launch one instantiated submission; returns without waiting on cuda."""
         raise NotImplementedError
 
-    def check(self) -> None:
-        """Raise DeviceError if the device has reported an error (called while polling a fence)."""
+    def check(self) -> bool | None:
+        """Raise DeviceError if the device has reported an error (called while polling a fence).
+
+        May return True when all issued work has finished (the stream is idle): the ring then knows
+        a fence that has not arrived never will.  None means "not known"."""
         raise NotImplementedError
 
     def synchronize(self) -> None:

@@ -1,0 +1,258 @@
+"""The CUDA driver path: `check()`, the primary context, memory, mapped staging, modules, graphs.
+
+Driver API only (`from cuda.bindings import driver`), imported lazily so that every other part of the
+host runs without a driver.  Works with the 12.x and 13.x bindings: the primary context avoids
+`cuCtxCreate`, whose signature 13.x changed.  Each wrapper is a small class; every driver return goes
+through `check()`, which turns it into its values or a `DriverError` naming the call.
+"""
+from __future__ import annotations
+
+import ctypes
+
+from .backend import BackendUnavailable, DeviceError
+
+_cu = None
+
+
+def cu():
+    """The `cuda.bindings.driver` module, imported on first use."""
+    global _cu
+    if _cu is None:
+        try:
+            from cuda.bindings import driver
+        except ImportError as e:       # pragma: no cover - depends on the installation
+            raise BackendUnavailable(f"cuda-python is not installed ({e})",
+                                     "pip install 'cuda-python>=12.4'") from None
+        _cu = driver
+    return _cu
+
+
+class DriverError(DeviceError):
+    """A driver call returned an error: names the call and the CUresult."""
+
+
+def error_name(code) -> str:
+    try:
+        err, name = cu().cuGetErrorName(code)
+        if int(err) == 0 and name:
+            return name.decode()
+    except Exception:
+        pass
+    return f"CUresult {int(code)}"
+
+
+def check(ret, call: str):
+    """Turn a cuda-python return tuple `(CUresult, *values)` into the values, or raise."""
+    if isinstance(ret, tuple):
+        code, values = ret[0], ret[1:]
+    else:
+        code, values = ret, ()
+    if int(code) != 0:
+        raise DriverError(f"{call} failed: {error_name(code)}", int(code))
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else values
+
+
+def pointer(handle) -> int:
+    """The integer address of a CUdeviceptr / CUstream / host pointer."""
+    return int(handle)
+
+
+class Device:
+    """Device 0 with its primary context made current."""
+
+    def __init__(self, ordinal: int = 0):
+        d = cu()
+        try:
+            check(d.cuInit(0), "cuInit")
+        except DriverError as e:
+            raise BackendUnavailable(f"no usable NVIDIA GPU: {e}",
+                                     "use --backend interpret on a machine without a GPU") from None
+        except Exception as e:          # DynamicLibNotFoundError: no libcuda on this machine
+            raise BackendUnavailable(f"no NVIDIA driver on this machine ({type(e).__name__})",
+                                     "use --backend interpret on a machine without a GPU") from None
+        count = check(d.cuDeviceGetCount(), "cuDeviceGetCount")
+        if count <= ordinal:
+            raise BackendUnavailable(f"no CUDA device {ordinal} ({count} found)",
+                                     "use --backend interpret on a machine without a GPU")
+        self.handle = check(d.cuDeviceGet(ordinal), "cuDeviceGet")
+        self.driver_version = int(check(d.cuDriverGetVersion(), "cuDriverGetVersion"))
+        raw = check(d.cuDeviceGetName(64, self.handle), "cuDeviceGetName")
+        self.name = bytes(raw).split(b"\0", 1)[0].decode(errors="replace")
+        A = d.CUdevice_attribute
+        self.major = int(check(d.cuDeviceGetAttribute(
+            A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, self.handle), "cuDeviceGetAttribute"))
+        self.minor = int(check(d.cuDeviceGetAttribute(
+            A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, self.handle), "cuDeviceGetAttribute"))
+        self.can_map_host = int(check(d.cuDeviceGetAttribute(
+            A.CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY, self.handle), "cuDeviceGetAttribute"))
+        self.context = check(d.cuDevicePrimaryCtxRetain(self.handle), "cuDevicePrimaryCtxRetain")
+        check(d.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
+        self.stream = check(d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
+
+    @property
+    def compute_capability(self) -> int:
+        return 10 * self.major + self.minor
+
+    def query(self) -> bool:
+        """True when the stream is idle; raises DriverError on a device fault."""
+        ret = cu().cuStreamQuery(self.stream)
+        code = ret[0] if isinstance(ret, tuple) else ret
+        if int(code) == int(cu().CUresult.CUDA_ERROR_NOT_READY):
+            return False
+        check(ret, "cuStreamQuery")
+        return True
+
+    def synchronize(self) -> None:
+        check(cu().cuStreamSynchronize(self.stream), "cuStreamSynchronize")
+
+    def close(self) -> None:
+        d = cu()
+        if getattr(self, "stream", None) is not None:
+            d.cuStreamDestroy(self.stream)
+            self.stream = None
+        if getattr(self, "context", None) is not None:
+            d.cuDevicePrimaryCtxRelease(self.handle)
+            self.context = None
+
+
+class DeviceBuffer:
+    """`cuMemAlloc` memory, freed on close."""
+
+    def __init__(self, nbytes: int):
+        self.nbytes = nbytes
+        self.handle = check(cu().cuMemAlloc(max(nbytes, 1)), "cuMemAlloc")
+        self.ptr = pointer(self.handle)
+
+    def close(self) -> None:
+        if self.handle is not None:
+            cu().cuMemFree(self.handle)
+            self.handle = None
+
+
+class MappedRegion:
+    """Pinned host memory mapped into the device (`cuMemHostAlloc` with DEVICEMAP).
+
+    `array` is a zero-copy numpy uint8 view (through cffi) that the host reads and writes;
+    `device_ptr` is the address kernels use for the same bytes.
+    """
+
+    def __init__(self, nbytes: int):
+        import cffi
+        import numpy as np
+        d = cu()
+        flags = d.CU_MEMHOSTALLOC_DEVICEMAP | d.CU_MEMHOSTALLOC_PORTABLE
+        self.nbytes = nbytes
+        self.host_ptr = int(check(d.cuMemHostAlloc(nbytes, flags), "cuMemHostAlloc"))
+        self.device_ptr = pointer(check(d.cuMemHostGetDevicePointer(self.host_ptr, 0),
+                                        "cuMemHostGetDevicePointer"))
+        ffi = cffi.FFI()
+        self._buffer = ffi.buffer(ffi.cast("char *", self.host_ptr), nbytes)
+        self.array = np.frombuffer(self._buffer, np.uint8)
+
+    def close(self) -> None:
+        if self.host_ptr:
+            self.array = None
+            self._buffer = None
+            cu().cuMemFreeHost(self.host_ptr)
+            self.host_ptr = 0
+
+
+class Module:
+    """A PTX module loaded by the driver's JIT (the host never compiles)."""
+
+    def __init__(self, ptx: bytes, name: str):
+        if not ptx.endswith(b"\0"):
+            ptx = ptx + b"\0"
+        self.name = name
+        self.handle = check(cu().cuModuleLoadData(ptx), f"cuModuleLoadData({name})")
+
+    def function(self, entry: str):
+        return check(cu().cuModuleGetFunction(self.handle, entry.encode()),
+                     f"cuModuleGetFunction({entry})")
+
+    def close(self) -> None:
+        if self.handle is not None:
+            cu().cuModuleUnload(self.handle)
+            self.handle = None
+
+
+class Kernel:
+    """A function with its launch shape and the ctypes types of its parameters."""
+
+    CTYPES = {"ptr": ctypes.c_uint64, "u64": ctypes.c_uint64, "i64": ctypes.c_int64,
+              "u32": ctypes.c_uint32, "i32": ctypes.c_int32, "f32": ctypes.c_float,
+              "u16": ctypes.c_uint16, "i16": ctypes.c_int16, "u8": ctypes.c_uint8,
+              "i8": ctypes.c_int8, "f64": ctypes.c_double}
+
+    def __init__(self, function, name: str, param_types: list[str], threads: int, shared: int):
+        self.function, self.name = function, name
+        self.param_types, self.threads, self.shared = param_types, threads, shared
+        if shared > 48 * 1024:
+            d = cu()
+            check(d.cuFuncSetAttribute(
+                function, d.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                shared), f"cuFuncSetAttribute({name})")
+
+    def pack(self, values: list) -> "PackedParams":
+        if len(values) != len(self.param_types):
+            raise ValueError(f"{self.name}: {len(values)} arguments for "
+                             f"{len(self.param_types)} parameters")
+        return PackedParams([self.CTYPES[t](v) for t, v in zip(self.param_types, values)])
+
+    def launch(self, stream, grid: tuple[int, int, int], params: "PackedParams") -> None:
+        check(cu().cuLaunchKernel(self.function, *grid, self.threads, 1, 1, self.shared, stream,
+                                  params.address, 0), f"cuLaunchKernel({self.name})")
+
+
+class PackedParams:
+    """The `void**` array cuLaunchKernel reads; keeps the values alive as long as it lives."""
+
+    def __init__(self, values: list):
+        self.values = values
+        self.array = (ctypes.c_void_p * max(len(values), 1))(
+            *[ctypes.addressof(v) for v in values])
+        self.address = ctypes.addressof(self.array)
+
+
+class Graph:
+    """A submission captured once from the stream and instantiated: one launch per issue."""
+
+    def __init__(self, device: Device, record):
+        """`record(stream)` enqueues the submission's launches on the capturing stream."""
+        d = cu()
+        self.device = device
+        mode = d.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+        check(d.cuStreamBeginCapture(device.stream, mode), "cuStreamBeginCapture")
+        try:
+            record(device.stream)
+        except BaseException:
+            d.cuStreamEndCapture(device.stream)
+            raise
+        self.graph = check(d.cuStreamEndCapture(device.stream), "cuStreamEndCapture")
+        self.exec = check(d.cuGraphInstantiate(self.graph, 0), "cuGraphInstantiate")
+
+    def launch(self) -> None:
+        check(cu().cuGraphLaunch(self.exec, self.device.stream), "cuGraphLaunch")
+
+    def close(self) -> None:
+        d = cu()
+        if getattr(self, "exec", None) is not None:
+            d.cuGraphExecDestroy(self.exec)
+            self.exec = None
+        if getattr(self, "graph", None) is not None:
+            d.cuGraphDestroy(self.graph)
+            self.graph = None
+
+
+def memcpy_htod(dst: int, src_host: int, nbytes: int, stream) -> None:
+    check(cu().cuMemcpyHtoDAsync(dst, src_host, nbytes, stream), "cuMemcpyHtoDAsync")
+
+
+def memcpy_dtoh(dst_host: int, src: int, nbytes: int, stream) -> None:
+    check(cu().cuMemcpyDtoHAsync(dst_host, src, nbytes, stream), "cuMemcpyDtoHAsync")
+
+
+def memset_d8(dst: int, value: int, nbytes: int, stream) -> None:
+    check(cu().cuMemsetD8Async(dst, value, nbytes, stream), "cuMemsetD8Async")
