@@ -1,0 +1,259 @@
+"""`coppelius inspect RESULT [--json] [--plot PNG]`: result-file forensics, every section decoded."""
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ORDER = 20
+LAST_N = 100                     # "mean of the last 100 steps" in the loss summary
+SPARK = "▁▂▃▄▅▆▇█"
+SPARK_WIDTH = 60
+TOKENIZER = Path(__file__).resolve().parent.parent / "plan" / "data" / "tokenizer.json"
+INFO_NAMES = {0x10001: "fence timeout", 0x10002: "record marker survived", 0x10003: "host I/O"}
+
+
+def register(sub) -> None:
+    p = sub.add_parser("inspect", help="decode a result file: losses, timing, semaphores, status",
+                       description="Decode every section of a result file, check its size against "
+                       "the formula, and summarize losses and step times.")
+    p.add_argument("result", metavar="RESULT", help="result file of any profile and outcome")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object instead (non-finite losses are null)")
+    p.add_argument("--plot", metavar="PNG", help="also write the loss curve and step-time "
+                   "histogram to PNG (needs matplotlib)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from . import result_file as RF
+    rf = RF.read(args.result)
+    if args.plot:
+        from .plot import plot
+        plot(rf, args.plot, floor=loss_floor(rf.profile))
+    info = summarize(rf)
+    if args.json:
+        json.dump(info, sys.stdout, allow_nan=False, separators=(",", ":"))
+        sys.stdout.write("\n")
+    else:
+        render(info, rf)
+        if args.plot:
+            print(f"plot written to {args.plot}")
+    return 0
+
+
+# ------------------------------------------------------------------------------------ summary
+def loss_floor(profile):
+    """The embedded stream's loss floor, or None when that module or value is unavailable."""
+    try:
+        from staging.synthetic import loss_floor as floor
+        return float(floor(profile))
+    except Exception:
+        return None
+
+
+def _finite(x):
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def _pct(values: np.ndarray, q: float):
+    return float(np.percentile(values, q)) if values.size else None
+
+
+def summarize(rf) -> dict:
+    """Everything inspect shows, as JSON-ready values."""
+    from staging import layout as L
+    from staging import records as R
+    from .result_file import record_dict
+
+    losses = rf.step_losses()                                    # (steps,) f64
+    finite = np.isfinite(losses)
+    status = record_dict(rf.status)
+    status["outcome_name"] = rf.outcome
+    status["backend_name"] = R.BACKENDS.get(status["backend"], "unknown")
+    preds = np.asarray(rf.status["predictions"])                 # (3, {token, valid})
+    texts = decode_tokens(rf.profile, [int(t) for t in preds[:, 0]])
+    status["predictions"] = [{"row": row, "token": int(t), "valid": int(v), "text": txt}
+                             for row, (t, v), txt in zip(_rows(), preds, texts)]
+    notifier = record_dict(rf.error_notifier)
+    notifier["info_name"] = info_name(notifier["info32"]) if notifier["status"] else None
+    sems = []
+    for i, slot in enumerate(rf.semaphores):
+        d = record_dict(slot)
+        d["submission"] = L.SUBMISSIONS[i]
+        sems.append(d)
+    dev = rf.device_step_ns()
+    gap = rf.host_gaps_ns()
+    ts = rf.timestamps
+    loss_summary = {"first": None, "last": None, "min": None, "min_step": None,
+                    f"mean_last_{LAST_N}": None, "non_finite_steps": int((~finite).sum())}
+    if losses.size:
+        loss_summary.update(first=_finite(losses[0]), last=_finite(losses[-1]),
+                            **{f"mean_last_{LAST_N}": _finite(losses[-LAST_N:].mean())})
+        if finite.any():
+            k = int(np.nanargmin(np.where(finite, losses, np.nan)))
+            loss_summary.update(min=float(losses[k]), min_step=k)
+    return {
+        "path": rf.path, "profile": rf.profile.name, "size": rf.size,
+        "expected_size": rf.expected_size, "outcome": rf.outcome,
+        "outcome_code": rf.outcome_code, "steps_completed": rf.steps,
+        "steps_planned": status["steps_planned"], "issues": rf.issues,
+        "losses": [_finite(x) for x in losses],
+        "loss_summary": loss_summary,
+        "loss_floor": loss_floor(rf.profile),
+        "timing": {
+            "updates_timed": int(dev.size),
+            "device_step_ms_p50": _ms(_pct(dev, 50)), "device_step_ms_p99": _ms(_pct(dev, 99)),
+            "device_step_ms_max": _ms(float(dev.max()) if dev.size else None),
+            "host_gap_us_p50": _us(_pct(gap, 50)), "host_gap_us_p99": _us(_pct(gap, 99)),
+            "host_gap_us_max": _us(float(gap.max()) if gap.size else None)},
+        "status": status, "error_notifier": notifier, "semaphores": sems,
+        "stat": record_dict(rf.stat),
+        "timestamps": {name: ts[name].tolist() for name in ts.dtype.names},   # columns
+        "forward_argmax": [int(i) for i in np.argmax(rf.forward, axis=1)],
+        "final_argmax": int(np.argmax(rf.final)) if rf.final.size else None,
+        "warnings": rf.warnings(),
+    }
+
+
+def _rows():
+    from plan.profiles import PREDICTION_ROWS
+    return PREDICTION_ROWS
+
+
+def _ms(ns):
+    return None if ns is None else ns / 1e6
+
+
+def _us(ns):
+    return None if ns is None else ns / 1e3
+
+
+def info_name(code: int) -> str:
+    """Name a notifier info32: a Coppelius host code, else the CUresult's name when cuda-python
+    is importable, else the number."""
+    if code in INFO_NAMES:
+        return INFO_NAMES[code]
+    try:
+        from cuda.bindings import driver
+        return driver.CUresult(code).name
+    except Exception:
+        return f"CUresult {code}"
+
+
+def decode_tokens(profile, ids: list[int]) -> list[str | None]:
+    """Text of token ids with the shipped tokenizer (coppelius profile only); None when it or the
+    `tokenizers` package is missing, quietly: a GPU machine may lack it."""
+    if profile.name != "coppelius" or not TOKENIZER.exists():
+        return [None] * len(ids)
+    try:
+        from tokenizers import Tokenizer
+        tok = Tokenizer.from_file(str(TOKENIZER))
+        return [tok.decode([i]) for i in ids]
+    except Exception:
+        return [None] * len(ids)
+
+
+# ------------------------------------------------------------------------------------- render
+def sparkline(values: np.ndarray, width: int = SPARK_WIDTH) -> str:
+    """The loss curve as one line of block characters (bucket means, min..max scaled)."""
+    v = np.asarray(values, np.float64)
+    v = v[np.isfinite(v)]
+    if v.size == 0:
+        return ""
+    buckets = np.array_split(v, min(width, v.size))
+    means = np.array([b.mean() for b in buckets])
+    lo, hi = means.min(), means.max()
+    idx = np.zeros(means.size, int) if hi == lo else \
+        np.round((means - lo) / (hi - lo) * (len(SPARK) - 1)).astype(int)
+    return "".join(SPARK[i] for i in idx)
+
+
+def _f(x, spec=".4f"):
+    return "—" if x is None else format(x, spec)
+
+
+def render(info: dict, rf) -> None:
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    c = Console(highlight=False)
+    st, n = info["status"], info["error_notifier"]
+    ok = info["size"] == info["expected_size"]
+    colour = "green" if info["outcome_code"] == 0 else "red"
+    c.print(f"[bold]{info['path']}[/bold]  profile [bold]{info['profile']}[/bold]  "
+            f"outcome [{colour}]{info['outcome']}[/{colour}]")
+    c.print(f"size {info['size']:,} bytes, formula {info['expected_size']:,} "
+            f"({'matches' if ok else 'MISMATCH'}): forward part, {info['steps_completed']:,} step "
+            f"windows, tail, {info['issues']:,} timestamp entries")
+    cc = st["compute_capability"]
+    drv = st["driver_version"]
+    c.print(f"backend {st['backend_name']}, device {st['device_name'] or '—'}, compute capability "
+            f"{cc // 10}.{cc % 10}, driver {drv // 1000}.{drv % 1000 // 10}; c0 {st['c0']:,}, "
+            f"steps {st['steps_completed']:,}/{st['steps_planned']:,}, update count "
+            f"{st['update_count']:,}, publications {st['publications']}, wall "
+            f"{st['wall_ns'] / 1e9:,.1f} s")
+
+    ls = info["loss_summary"]
+    t = Table(title="loss (mean cross-entropy per step)", title_justify="left")
+    for col in ("first", "last", "min (step)", f"mean last {LAST_N}", "floor", "non-finite"):
+        t.add_column(col, justify="right")
+    t.add_row(_f(ls["first"]), _f(ls["last"]),
+              "—" if ls["min"] is None else f"{ls['min']:.4f} ({ls['min_step']:,})",
+              _f(ls[f"mean_last_{LAST_N}"]), _f(info["loss_floor"]), str(ls["non_finite_steps"]))
+    c.print(t)
+    if info["losses"]:
+        c.print(f"curve  {sparkline(rf.step_losses())}")
+
+    tm = info["timing"]
+    t = Table(title="timing (timestamp table)", title_justify="left")
+    for col in ("", "p50", "p99", "max", "n"):
+        t.add_column(col, justify="right")
+    t.add_row("device time per update step (ms)", _f(tm["device_step_ms_p50"], ".3f"),
+              _f(tm["device_step_ms_p99"], ".3f"), _f(tm["device_step_ms_max"], ".3f"),
+              f"{tm['updates_timed']:,}")
+    t.add_row("host gap, fence → next issue (µs)", _f(tm["host_gap_us_p50"], ".1f"),
+              _f(tm["host_gap_us_p99"], ".1f"), _f(tm["host_gap_us_max"], ".1f"),
+              f"{max(info['issues'] - 1, 0):,}")
+    c.print(t)
+
+    t = Table(box=box.SIMPLE_HEAD, title=f"semaphores (gpGet {st['gp_get']:,}, gpPut {st['gp_put']:,})",
+              title_justify="left")
+    for col in ("submission", "final", "final ns", "pre-launch", "pre-launch ns"):
+        t.add_column(col, justify="right", no_wrap=True)
+    for s in info["semaphores"]:
+        t.add_row(s["submission"], str(s["final_payload"]), str(s["final_timestamp"]),
+                  str(s["prelaunch_payload"]), str(s["prelaunch_timestamp"]))
+    c.print(t)
+
+    if n["status"]:
+        step = "—" if n["step"] == 0xFFFFFFFF else f"{n['step']:,}"
+        from staging.layout import SUBMISSIONS
+        sub = SUBMISSIONS[n["info16"]] if n["info16"] < len(SUBMISSIONS) else n["info16"]
+        c.print(f"[red]error notifier[/red]: {n['info_name']} (info32 {n['info32']:#x}), "
+                f"submission {sub}, sequence {n['sequence']:,}, step {step}: {n['reason']!r}")
+    else:
+        c.print("error notifier: none")
+
+    t = Table(title="final predictions", title_justify="left")
+    for col in ("row", "token", "valid", "text"):
+        t.add_column(col, justify="right" if col != "text" else "left")
+    for p in st["predictions"]:
+        t.add_row(str(p["row"]), str(p["token"]), str(p["valid"]),
+                  "—" if p["text"] is None else repr(p["text"]))
+    c.print(t)
+    c.print(f"forward argmax (rows 255/511/1023, before training): {info['forward_argmax']}; "
+            f"final row 1023 argmax {info['final_argmax']}")
+    s = info["stat"]
+    c.print(f"checkpoint input stat: dev {s['st_dev']} ino {s['st_ino']} size {s['st_size']:,} "
+            f"mode {s['st_mode']:o} nlink {s['st_nlink']}, update count {s['update_count']:,}, "
+            f"gpGet {s['gp_get']} gpPut {s['gp_put']} semaphore word {s['semaphore_word']}, "
+            f"payload sha256 {s['payload_sha256'][:16]}…")
+    c.print(f"last published checkpoint sha256 {st['checkpoint_sha256']}")
+    for w in info["warnings"]:
+        c.print(f"[yellow]warning[/yellow]: {w}")
