@@ -1,0 +1,114 @@
+"""`coppelius run`: the main job, with live progress and a closing summary."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+ORDER = 10
+
+
+def register(sub) -> None:
+    p = sub.add_parser("run", help="train for one invocation (with no arguments: the embedded default)",
+                       description="Train the model for the profile's steps: forward, one update "
+                       "issue per step, a publication every interval, final, result tail.")
+    p.add_argument("--tokens", type=Path, help="token cache (default: the embedded synthetic stream)")
+    p.add_argument("--checkpoint", type=Path,
+                   help="checkpoint path: zero bytes = fresh start, a checkpoint = continue "
+                   "(default: coppelius-run/<profile>.ckpt)")
+    p.add_argument("--result", type=Path,
+                   help="result file to create (default: coppelius-run/<profile>-result-c<c0>.bin)")
+    p.add_argument("--profile", default="coppelius", help="coppelius (default) or tiny")
+    p.add_argument("--backend", default="cuda", choices=["cuda", "interpret"],
+                   help="cuda (default; the GPU) or interpret (Triton's interpreter on the CPU)")
+    p.add_argument("--source", type=Path, help="the token cache's source; its mtime and size must "
+                   "match the cache header")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing result file")
+    p.add_argument("--fence-timeout", type=float, default=120.0, metavar="S",
+                   help="seconds to wait for a submission's fence (default 120)")
+    p.add_argument("--directory", type=Path, default=Path("coppelius-run"),
+                   help="where the embedded default's files live (default ./coppelius-run)")
+    p.add_argument("--steps", type=int, help="stop after N steps (tests and benchmarks; default: "
+                   "the profile's, 10,000 for coppelius)")
+    p.add_argument("--quiet", action="store_true", help="no live progress")
+    p.set_defaults(func=run)
+
+
+class RichProgress:
+    """Step, loss vs floor, tokens/s, elapsed, remaining, publications — refreshed off the step path."""
+
+    def __init__(self, quiet: bool = False):
+        from rich.console import Console
+        self.console = Console(stderr=True)
+        self.quiet = quiet
+        self.bar = None
+
+    def start(self, summary, floor, tokens_per_step):
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                                   TimeElapsedColumn, TimeRemainingColumn)
+        self.summary, self.floor, self.tokens_per_step = summary, floor, tokens_per_step
+        self.t0 = time.monotonic()
+        self.console.print(f"[bold]coppelius run[/bold]: c0={summary.c0}, "
+                           f"{summary.steps_planned} steps, checkpoint {summary.checkpoint}, "
+                           f"result {summary.result}"
+                           + (f", loss floor {floor:.4f} nats/token" if floor is not None else ""))
+        if self.quiet:
+            return
+        self.bar = Progress(TextColumn("step"), MofNCompleteColumn(), BarColumn(),
+                            TextColumn("{task.fields[loss]}"), TextColumn("{task.fields[rate]}"),
+                            TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(),
+                            TextColumn("{task.fields[pubs]}"), console=self.console,
+                            refresh_per_second=4, transient=False)
+        self.bar.start()
+        self.task = self.bar.add_task("train", total=summary.steps_planned, loss="loss —",
+                                      rate="", pubs="0 published")
+
+    def step(self, step, loss):
+        if self.bar is None:
+            return
+        elapsed = time.monotonic() - self.t0
+        rate = (step + 1) * self.tokens_per_step / max(elapsed, 1e-9)
+        text = f"loss {loss:.4f}" + (f" (floor {self.floor:.3f})" if self.floor is not None else "")
+        self.bar.update(self.task, completed=step + 1, loss=text, rate=f"{rate:,.0f} tok/s")
+
+    def published(self, update_count, seconds):
+        if self.bar is not None:
+            self.bar.update(self.task, pubs=f"{self.summary.publications} published")
+        else:
+            self.console.print(f"published update {update_count} ({seconds:.2f} s)")
+
+    def note(self, text):
+        self.console.print(text)
+
+    def stop(self):
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def run(args) -> int:
+    from plan import profiles
+    from staging import records as R
+
+    from .errors import UserError
+    from .run import Request, run as run_loop
+
+    try:
+        profile = profiles.get(args.profile)
+    except KeyError as e:
+        raise UserError(str(e.args[0]), "use --profile coppelius or --profile tiny") from None
+    req = Request(profile=profile, tokens=args.tokens, checkpoint=args.checkpoint,
+                  result=args.result, backend=args.backend, source=args.source,
+                  overwrite=args.overwrite, fence_timeout_s=args.fence_timeout,
+                  directory=args.directory, steps=args.steps)
+    progress = RichProgress(quiet=args.quiet)
+    summary = run_loop(req, progress)
+    losses = summary.losses
+    outcome = R.OUTCOMES[summary.outcome]
+    line = (f"{outcome}: {summary.steps_completed}/{summary.steps_planned} steps, update count "
+            f"{summary.update_count}, {summary.publications} publications, {summary.wall_s:.1f} s")
+    if losses:
+        line += f", loss {losses[0]:.4f} → {losses[-1]:.4f}"
+    progress.console.print(line)
+    progress.console.print(f"result {summary.result}; checkpoint {summary.checkpoint}")
+    if summary.error:
+        progress.console.print(f"[red]{summary.error}[/red]")
+    return summary.exit_code
