@@ -99,15 +99,15 @@ def compare(a, b, atol: float = 0.0, rtol: float = 0.0) -> dict:
         if name in FLOAT_SECTIONS:
             attr = FLOAT_ATTRIBUTES[name]
             s = _compare_floats(name, getattr(a, attr), getattr(b, attr), atol, rtol, a)
+            if name == "steps" and s["first"] is None and a.steps != b.steps:
+                k = min(a.steps, b.steps)       # the common steps agree: the first extra one
+                s["first"] = {"step": k, "row": 0, "where": f"step {k:,}: only "
+                              f"{'A' if a.steps > b.steps else 'B'} has it"}
         else:
             s = _compare_records(name, a, b, rep)
         rep["sections"].append(s)
         if rep["first"] is None and s["first"] is not None:
             rep["first"] = dict(s["first"], section=name)
-    if rep["first"] is None and a.steps != b.steps:
-        k = min(a.steps, b.steps)
-        rep["first"] = {"section": "steps", "step": k, "row": 0,
-                        "where": f"step {k:,}: only {'A' if a.steps > b.steps else 'B'} has it"}
 
     differing = rep["structure"] or any(s["beyond_tolerance"] for s in rep["sections"])
     any_bits = any(s["differing"] for s in rep["sections"])
@@ -148,35 +148,51 @@ def _where(section: str, index: tuple, rf) -> tuple[dict, str]:
     return {"column": index[0]}, f"row 1023 logits, token {index[0]}"
 
 
+CHUNK_WORDS = 1 << 20      # compare 4 MiB at a time: memory stays flat even when every word differs
+
+
 def _compare_floats(name, fa, fb, atol, rtol, rf) -> dict:
     rows = min(fa.shape[0], fb.shape[0])
     fa, fb = fa[:rows], fb[:rows]                        # a shorter run: compare the common steps
-    bits = fa.view(np.uint32) != fb.view(np.uint32)      # same shape as fa
-    idx = np.flatnonzero(bits)                           # (n,) flat indices of differing words
-    out = {"section": name, "differing": int(idx.size), "beyond_tolerance": 0,
+    flat_a, flat_b = fa.reshape(-1), fb.reshape(-1)      # (n,) views
+    exact = atol == 0 and rtol == 0
+    out = {"section": name, "differing": 0, "beyond_tolerance": 0,
            "max_abs": 0.0, "max_rel": 0.0, "first": None}
-    if not idx.size:
+    first = first_bad = None                             # (flat index, a, b)
+    for start in range(0, flat_a.size, CHUNK_WORDS):
+        ca, cb = flat_a[start:start + CHUNK_WORDS], flat_b[start:start + CHUNK_WORDS]
+        idx = np.flatnonzero(ca.view(np.uint32) != cb.view(np.uint32))   # differing words
+        if not idx.size:
+            continue
+        va, vb = ca[idx].astype(np.float64), cb[idx].astype(np.float64)
+        both_nan = np.isnan(va) & np.isnan(vb)
+        with np.errstate(invalid="ignore", over="ignore"):
+            d = np.abs(va - vb)
+            d = np.where(both_nan, 0.0, np.where(np.isnan(d), np.inf, d))
+            scale = np.maximum(np.abs(va), np.abs(vb))
+            rel = np.where(d == 0, 0.0, d / np.where(scale == 0, 1.0, scale))
+            rel = np.where(np.isnan(rel), np.inf, rel)
+            bad = np.ones(idx.size, bool) if exact else \
+                ~(both_nan | (d <= atol + rtol * np.abs(vb)))
+        out["differing"] += int(idx.size)
+        out["beyond_tolerance"] += int(bad.sum())
+        out["max_abs"] = max(out["max_abs"], float(d.max()))
+        out["max_rel"] = max(out["max_rel"], float(rel.max()))
+        if first is None:
+            first = (start + int(idx[0]), va[0], vb[0])
+        if first_bad is None and bad.any():
+            k = int(np.argmax(bad))
+            first_bad = (start + int(idx[k]), va[k], vb[k])
+    pick = first_bad or first
+    if pick is None:
         return out
-    va = fa.reshape(-1)[idx].astype(np.float64)
-    vb = fb.reshape(-1)[idx].astype(np.float64)
-    both_nan = np.isnan(va) & np.isnan(vb)
-    with np.errstate(invalid="ignore", over="ignore"):
-        d = np.abs(va - vb)
-        d = np.where(both_nan, 0.0, np.where(np.isnan(d), np.inf, d))
-        scale = np.maximum(np.abs(va), np.abs(vb))
-        rel = np.where(d == 0, 0.0, d / np.where(scale == 0, 1.0, scale))
-        rel = np.where(np.isnan(rel), np.inf, rel)
-        bad = np.ones(idx.size, bool) if atol == 0 and rtol == 0 else \
-            ~(both_nan | (d <= atol + rtol * np.abs(vb)))
-    out.update(max_abs=float(d.max()), max_rel=float(rel.max()),
-               beyond_tolerance=int(bad.sum()))
-    k = int(np.argmax(bad)) if bad.any() else 0          # first in file order
-    index = tuple(int(i) for i in np.unravel_index(idx[k], fa.shape))
+    flat, a, b = pick
+    index = tuple(int(i) for i in np.unravel_index(flat, fa.shape))
     loc, text = _where(name, index, rf)
-    out["first"] = dict(loc, where=text, a=float(va[k]), b=float(vb[k]),
-                        a_bits=f"{int(fa.reshape(-1)[idx[k]].view(np.uint32)):#010x}",
-                        b_bits=f"{int(fb.reshape(-1)[idx[k]].view(np.uint32)):#010x}",
-                        within_tolerance=not bool(bad[k]))
+    out["first"] = dict(loc, where=text, a=float(a), b=float(b),
+                        a_bits=f"{int(flat_a[flat:flat + 1].view(np.uint32)[0]):#010x}",
+                        b_bits=f"{int(flat_b[flat:flat + 1].view(np.uint32)[0]):#010x}",
+                        within_tolerance=first_bad is None)
     return out
 
 

@@ -201,7 +201,8 @@ def render(info: dict, rf) -> None:
 
     ls = info["loss_summary"]
     t = Table(title="loss (mean cross-entropy per step)", title_justify="left")
-    for col in ("first", "last", "min (step)", f"mean last {LAST_N}", "floor", "non-finite"):
+    for col in ("first", "last", "min (step)", f"mean last {LAST_N}", "embedded floor",
+                "non-finite"):
         t.add_column(col, justify="right")
     t.add_row(_f(ls["first"]), _f(ls["last"]),
               "—" if ls["min"] is None else f"{ls['min']:.4f} ({ls['min_step']:,})",

@@ -488,7 +488,8 @@ def synthesize(profile, outcome: int = R.OUTCOME_COMPLETED, steps: int | None = 
     t = np.arange(steps, dtype=np.float64)[:, None]
     floor = 0.6 * np.log(V)
     curve = floor + (np.log(V) - floor) * np.exp(-t / max(planned / 8, 1))
-    windows = (curve * rng.gamma(8.0, 1 / 8.0, (steps, ROW_WORDS))).astype("<f4")  # (steps, 1024)
+    noise = rng.standard_normal((steps, ROW_WORDS), dtype=np.float32)      # (steps, 1024)
+    windows = (curve.astype(np.float32) * np.abs(1 + np.float32(0.3) * noise)).astype("<f4")
     forward = rng.normal(0, 2, (L.RECORD_FORWARD_ROWS, V)).astype("<f4")
     final = rng.normal(0, 3, V).astype("<f4")
     loss_block = rng.normal(0, 1, (L.LOSS_WINDOWS, L.LOSS_WINDOW_WORDS)).astype("<f4")
