@@ -233,8 +233,9 @@ def render(info: dict, rf) -> None:
     c.print(t)
 
     if n["status"]:
-        step = "—" if n["step"] == 0xFFFFFFFF else f"{n['step']:,}"
         from staging.layout import SUBMISSIONS
+        from staging.records import NOTIFIER_NO_STEP
+        step = "—" if n["step"] == NOTIFIER_NO_STEP else f"{n['step']:,}"
         sub = SUBMISSIONS[n["info16"]] if n["info16"] < len(SUBMISSIONS) else n["info16"]
         c.print(f"[red]error notifier[/red]: {n['info_name']} (info32 {n['info32']:#x}), "
                 f"submission {sub}, sequence {n['sequence']:,}, step {step}: {n['reason']!r}")

@@ -10,6 +10,7 @@ from host import cli
 from host import cmd_diff as D
 from host import result_file as RF
 from plan import profiles as P
+from staging import layout as L
 from staging import records as R
 
 
@@ -160,7 +161,7 @@ def test_shorter_run_with_the_same_prefix(tmp_path, capsys):
     st = R.STATUS_BLOCK.unpack(syn.status)
     st.update(steps_completed=6, gp_put=8)
     syn.status = R.STATUS_BLOCK.pack(**st)
-    syn.timestamps = syn.timestamps[:8 * 64]
+    syn.timestamps = syn.timestamps[:8 * L.TIMESTAMP_ENTRY_BYTES]
     syn.write(b)
     rep = D.compare(RF.read(a), RF.read(b))
     steps = next(s for s in rep["sections"] if s["section"] == "steps")

@@ -177,7 +177,7 @@ def test_writer_checks_sizes_order_and_consistency(tmp_path):
             w.write_tail(**tail)
         w.append_step(syn.windows[-1])
         with pytest.raises(ValueError, match="gp_put 10 but the timestamp table has 9"):
-            w.write_tail(**dict(tail, timestamps=syn.timestamps[:-64]))
+            w.write_tail(**dict(tail, timestamps=syn.timestamps[:-L.TIMESTAMP_ENTRY_BYTES]))
         with pytest.raises(ValueError, match="whole number"):
             w.write_tail(**dict(tail, timestamps=syn.timestamps[:-1]))
         with pytest.raises(ValueError, match="final part is 2044 bytes"):
