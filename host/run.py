@@ -6,7 +6,6 @@ the transfer window, and writes the tail — on completion, device failure, host
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import signal
 import time
@@ -145,9 +144,8 @@ def run(req: Request, progress: Progress | None = None) -> Summary:
         raise RunRefused(f"--steps {steps} is outside 1..{profile.steps}")
     tokens_path, ckpt_path, TokenCache = _resolve_paths(req)
 
-    ckpt_mod.open_input(ckpt_path, profile)     # refuse a missing or foreign path before locking
-    with ckpt_mod.lock(ckpt_path):
-        inp = ckpt_mod.open_input(ckpt_path, profile)
+    ckpt_mod.open_input(ckpt_path, profile).close()  # refuse a missing or foreign path before locking
+    with ckpt_mod.lock(ckpt_path), ckpt_mod.open_input(ckpt_path, profile) as inp:
         c0 = inp.update_count
         cache = TokenCache.open(tokens_path, profile)
         cache.validate_run(c0, steps, source=None if req.source is None else str(req.source))
@@ -155,19 +153,15 @@ def run(req: Request, progress: Progress | None = None) -> Summary:
         if result_path.exists() and not req.overwrite:
             raise RunRefused(f"result file {result_path} exists",
                              "pass --overwrite, or name another --result")
-        input_fd = os.open(ckpt_path, os.O_RDONLY)
-        try:
-            backend = make_backend(req.backend, profile)
-            with backend:
-                with ResultWriter.create(result_path, profile, overwrite=req.overwrite) as writer:
-                    return _run_on(req, profile, steps, backend, cache, inp, c0, input_fd,
-                                   ckpt_path, writer, result_path, progress)
-        finally:
-            os.close(input_fd)
+        backend = make_backend(req.backend, profile)
+        with backend:
+            with ResultWriter.create(result_path, profile, overwrite=req.overwrite) as writer:
+                return _run_on(req, profile, steps, backend, cache, inp, c0, ckpt_path, writer,
+                               result_path, progress)
 
 
-def _run_on(req, profile, steps, backend, cache, inp, c0, input_fd, ckpt_path, writer,
-            result_path, progress) -> Summary:
+def _run_on(req, profile, steps, backend, cache, inp, c0, ckpt_path, writer, result_path,
+            progress) -> Summary:
     from . import checkpoint as ckpt_mod
     from .ring import Ring
 
@@ -222,9 +216,8 @@ def _run_on(req, profile, steps, backend, cache, inp, c0, input_fd, ckpt_path, w
             backend.upload_chunk(off, n)
         del P, payload
     else:
-        loaded = ckpt_mod.load_chunks(ckpt_path, profile,
-                                      lambda off, view: backend.upload_chunk(off, len(view)),
-                                      transfer=transfer)
+        loaded = inp.load_chunks(lambda off, view: backend.upload_chunk(off, len(view)),
+                                 transfer=transfer)
         payload_sha = loaded.payload_sha256
     backend.instantiate(t_base=c0 - 1)
 
@@ -280,13 +273,15 @@ def _run_on(req, profile, steps, backend, cache, inp, c0, input_fd, ckpt_path, w
             step = summary.steps_completed if summary.steps_completed < steps else None
             fail(R.OUTCOME_DEVICE_ERROR, e.code or 0xFFFF, _current_submission(ring), step,
                  str(e))
-        except OSError as e:
+        except (OSError, ckpt_mod.CheckpointWriteFailed) as e:
             fail(R.OUTCOME_HOST_ERROR, R.INFO_HOST_IO, _current_submission(ring), None,
-                 f"host I/O: {e.strerror or e}")
+                 f"host I/O: {getattr(e, 'strerror', None) or e}")
 
     # ---- the tail ----
+    if not writer.forward_written:      # the forward submission failed: keep what staging holds
+        writer.write_forward(views.bytes_at(fwd_off, L.record_forward_bytes(profile)))
     summary.wall_s = time.monotonic() - t_start
-    st = os.fstat(input_fd)
+    st = inp.restat()                   # the input as opened at the start, taken after the run
     stat = R.STAT_RECORD.pack(
         st_dev=st.st_dev, st_ino=st.st_ino, st_size=st.st_size, st_mode=st.st_mode,
         st_nlink=st.st_nlink, st_uid=st.st_uid, st_gid=st.st_gid, st_atime_ns=st.st_atime_ns,
