@@ -26,16 +26,15 @@ def bf16(x) -> np.ndarray:
     rounds to ±inf as RNE does; ±inf stays; NaN stays NaN (quieted, sign kept); subnormals round
     like any other value (no flush).
     """
-    x = np.ascontiguousarray(x, dtype=F32)
-    u = x.view(np.uint32)
+    x = np.asarray(x, dtype=F32)
+    u = x.view(np.uint32)               # same itemsize: a view even of a strided array
     r = u >> 16
     r &= 1
     r += _BF16_ROUND_BIAS
     r += u                              # no wrap: the largest non-NaN word, -inf, is 0xFF800000
     r &= _BF16_KEEP
-    nan = np.isnan(x)
-    if nan.any():
-        r[nan] = (u[nan] | _F32_QUIET_BIT) & _BF16_KEEP
+    if x.size and np.isnan(x.max()):    # max propagates NaN: one read pass, no mask (~0.25 ns/elem)
+        r = np.where(np.isnan(x), (u | _F32_QUIET_BIT) & _BF16_KEEP, r)
     return r.view(F32)
 
 
