@@ -334,6 +334,14 @@ class InputCheckpoint:
     def load_chunks(self, write_chunk: WriteChunk, transfer=None) -> Loaded:
         """Stream the payload: each chunk's digest is checked, then the chunk is handed to
         `write_chunk(offset, view)` (the view is reused after the call returns)."""
+        return self._stream(write_chunk, transfer)
+
+    def load_into(self, payload: np.ndarray) -> Loaded:
+        """Read the payload straight into `payload` (uint8, payload_bytes long), verifying every
+        chunk; on a refusal its content is undefined and must be dropped."""
+        return self._stream(None, None, payload)
+
+    def _stream(self, write_chunk, transfer, landing: np.ndarray | None = None) -> Loaded:
         t0 = time.perf_counter()
         where = _where(self.path)
         if self.header is None:
@@ -343,13 +351,18 @@ class InputCheckpoint:
         h, fd, profile = self.header, self.fd, self.profile
         window = _transfer_view(transfer, h.chunk_bytes)
         n = h.chunk_count
-        ring = [_aligned(h.chunk_bytes) for _ in range(RING)]
+        ring = [_aligned(h.chunk_bytes) for _ in range(RING)] if landing is None else None
+
+        def buffer(i: int) -> np.ndarray:
+            offset, nbytes = h.chunk_span(i)
+            if ring is None:                        # load_into: no ring, no copy
+                return landing[offset:offset + nbytes]
+            return ring[i % RING][:nbytes]
+
         payload_hash = hashlib.sha256()
         with ThreadPoolExecutor(2, thread_name_prefix="ckpt-load") as pool:
             def read(i: int):
-                offset, nbytes = h.chunk_span(i)
-                return pool.submit(_pread_exact, fd, ring[i % RING][:nbytes],
-                                   HEADER_BYTES + offset)
+                return pool.submit(_pread_exact, fd, buffer(i), HEADER_BYTES + h.chunk_span(i)[0])
 
             reads = {i: read(i) for i in range(min(RING - 1, n))}
             for i in range(n):
@@ -357,7 +370,7 @@ class InputCheckpoint:
                 got = reads.pop(i).result()
                 if i + RING - 1 < n:
                     reads[i + RING - 1] = read(i + RING - 1)   # the slot of chunk i-1, done
-                buf = ring[i % RING][:nbytes]
+                buf = buffer(i)
                 if got != nbytes:
                     raise CheckpointRefused(f"{where}: file shrank while loading: chunk {i + 1} "
                                             f"of {n} has {got} of {nbytes} bytes",
@@ -375,7 +388,9 @@ class InputCheckpoint:
                         f"file {h.digests[i].hex()[:16]}… computed {digest.hex()[:16]}…",
                         "the payload is damaged; restore the checkpoint from a copy, "
                         "or start fresh with `: > PATH`")
-                if window is None:
+                if write_chunk is None:
+                    pass
+                elif window is None:
                     write_chunk(offset, buf)
                 else:
                     np.copyto(window[:nbytes], buf)
@@ -453,12 +468,15 @@ def load_chunks(path, profile, write_chunk: WriteChunk, transfer=None) -> Loaded
 def load(path, profile, transfer=None):
     """-> (update_count, P, M, V): the verified planes as float32 views of one payload array."""
     payload = np.empty(profiles.PLANES * profile.parameter_count, "<f4")
-    raw = payload.view(np.uint8)
+    with open_input(path, profile) as inp:
+        if transfer is None:
+            loaded = inp.load_into(payload.view(np.uint8))
+        else:
+            raw = payload.view(np.uint8)
 
-    def write_chunk(offset: int, view: np.ndarray) -> None:
-        raw[offset:offset + view.size] = view
-
-    loaded = load_chunks(path, profile, write_chunk, transfer)
+            def write_chunk(offset: int, view: np.ndarray) -> None:
+                raw[offset:offset + view.size] = view
+            loaded = inp.load_chunks(write_chunk, transfer)
     P, M, V = payload.reshape(profiles.PLANES, -1)
     return loaded.update_count, P, M, V
 

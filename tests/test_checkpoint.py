@@ -234,6 +234,13 @@ def test_refuses_flipped_bit_in_last_chunk_naming_it(tmp_path, good):
     assert handed == [0], "chunk 2 was handed on before its digest was checked"
 
 
+def test_numpy_load_refuses_flipped_bit_in_last_element(tmp_path, good):
+    data = bytearray(good[1])
+    data[-4] ^= 0x01                     # lowest mantissa bit of V's last element
+    with pytest.raises(C.CheckpointRefused, match="chunk 2 of 2 digest differs"):
+        C.load(write(tmp_path, bytes(data)), TINY)
+
+
 def test_refuses_flipped_bit_in_first_chunk_before_handing_any(tmp_path, good):
     data = bytearray(good[1])
     data[F.HEADER_BYTES] ^= 0x80
