@@ -1,0 +1,78 @@
+"""Device buffers of the plan: names, element types and shapes, all derived from the profile.
+
+`pmv`, `grad` and `w16` are fixed by the design (P/M/V planes in one fp32 buffer, the flat
+gradient and the bf16 weight copy in the P plane's layout); the rest hold the activations the
+backward pass reads.  Backends allocate each buffer separately (so every base is 256-byte
+aligned on cuda) and resolve launch arguments `BufferRef(name, element offset)` against them.
+Plain data: no Triton, no torch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "i32": 4, "u32": 4}
+
+
+@dataclass(frozen=True)
+class BufferSpec:
+    name: str
+    dtype: str                  # "fp32" | "bf16" | "i32"
+    shape: tuple[int, ...]
+    role: str
+
+    @property
+    def elements(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.elements * DTYPE_BYTES[self.dtype]
+
+
+def qkv_width(profile) -> int:
+    """Columns of the fused q|k|v rows: (H + 2G)·d (Wq, Wk, Wv are adjacent in the P plane)."""
+    return (profile.heads + 2 * profile.kv_heads) * profile.head_dim
+
+
+def norm_points(profile) -> int:
+    """rmsnorm sites that feed a matmul: two per layer (attention, MLP) and the final norm."""
+    return 2 * profile.layers + 1
+
+
+def buffers(profile) -> dict[str, BufferSpec]:
+    """Every device buffer of the three submissions, in allocation order."""
+    T, D, V, F, L = profile.context, profile.width, profile.vocab, profile.hidden, profile.layers
+    N, W, Hd, H = profile.parameter_count, qkv_width(profile), profile.q_width, profile.heads
+    S = norm_points(profile)
+    specs = [
+        BufferSpec("pmv", "fp32", (3, N), "P plane at 0, M at N, V at 2N (the checkpoint payload)"),
+        BufferSpec("grad", "fp32", (N,), "flat gradient of mean(ce), P-plane layout"),
+        BufferSpec("w16", "bf16", (N,), "bf16 copy of P (matrices are read by the matmuls)"),
+        BufferSpec("emb", "fp32", (T, D), "gathered embedding rows E[inputs]"),
+        BufferSpec("resid", "fp32", (S, T, D), "residual stream entering each norm site"),
+        BufferSpec("rstd", "fp32", (S + 1, T), "1/rms per row: embed norm, then each norm site"),
+        BufferSpec("h16", "bf16", (S, T, D), "bf16 norm outputs (hf with g_final at the last)"),
+        BufferSpec("qkv32", "fp32", (T, W), "q|k|v before rotary (scratch, one layer)"),
+        BufferSpec("qkv16", "bf16", (L, T, W), "q'|k'|v after rotary, per layer"),
+        BufferSpec("o16", "bf16", (L, T, Hd), "attention output, matmul operand"),
+        BufferSpec("o32", "fp32", (L, T, Hd), "attention output, for delta = rowsum(do·o)"),
+        BufferSpec("lse", "fp32", (L, H, T), "attention log-sum-exp per head and row"),
+        BufferSpec("ab", "fp32", (L, T, 2 * F), "gate | up pre-activations per layer"),
+        BufferSpec("z16", "bf16", (L, T, F), "bf(silu(a)·b) per layer"),
+        BufferSpec("logits", "fp32", (T, V), "head output"),
+        BufferSpec("dlogits16", "bf16", (T, V), "bf((softmax − onehot)/T)"),
+        BufferSpec("dn", "fp32", (T, D), "gradient at a norm output (dhf, dh)"),
+        BufferSpec("dres", "fp32", (T, D), "residual-stream gradient"),
+        BufferSpec("dres16", "bf16", (T, D), "bf(residual-stream gradient)"),
+        BufferSpec("dab16", "bf16", (T, 2 * F), "bf(da) | bf(db)"),
+        BufferSpec("do32", "fp32", (T, Hd), "gradient at the attention output"),
+        BufferSpec("delta", "fp32", (H, T), "rowsum(do·o) per head"),
+        BufferSpec("dqkv32", "fp32", (T, W), "dq'|dk'|dv before the inverse rotary"),
+        BufferSpec("dqkv16", "bf16", (T, W), "bf(dq|dk|dv)"),
+        BufferSpec("de", "fp32", (T, D), "gradient at the gathered embedding rows"),
+        BufferSpec("next_row", "i32", (T,), "next row with the same input token (T if none)"),
+    ]
+    return {s.name: s for s in specs}

@@ -1,0 +1,60 @@
+"""AdamW over the flat P/M/V planes (one fp32 buffer: P at 0, M at N, V at 2N), writing the bf16
+weight copy; and the plain P → bf16 cast that refreshes the copy after a load or a fresh init.
+
+t = t_base + doorbell (NUMERICS.md): the bias corrections are formed per program in float64
+(β^t by binary exponentiation over t's bits), rounded once to fp32, then the element update runs
+in fp32 in NUMERICS order with IEEE division and square root.  Gains (two element ranges) are not
+decayed.
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _pow_f64(base, t):
+    # base^t for an int64 t ≥ 0 (t < 2^40 in any run), float64 square-and-multiply
+    result = tl.full((), 1.0, tl.float64)
+    square = base
+    for bit in tl.static_range(40):
+        result = tl.where(((t >> bit) & 1) == 1, result * square, result)
+        square = square * square
+    return result
+
+
+@triton.jit
+def adamw(pmv_ptr, grad_ptr, w16_ptr, doorbell_ptr, t_base, N,
+          GAIN0_START: tl.constexpr, GAIN0_END: tl.constexpr,
+          GAIN1_START: tl.constexpr, GAIN1_END: tl.constexpr,
+          LR: tl.constexpr, BETA1_F64: tl.constexpr, BETA2_F64: tl.constexpr,
+          DECAY: tl.constexpr, BETA1: tl.constexpr, ONE_MINUS_BETA1: tl.constexpr,
+          BETA2: tl.constexpr, ONE_MINUS_BETA2: tl.constexpr, EPS: tl.constexpr,
+          BLOCK: tl.constexpr):
+    """One update of N parameters; the fp32 constants arrive already rounded to fp32."""
+    t = t_base.to(tl.int64) + tl.load(doorbell_ptr).to(tl.int64)
+    bc1 = 1.0 - _pow_f64(tl.full((), BETA1_F64, tl.float64), t)
+    bc2 = 1.0 - _pow_f64(tl.full((), BETA2_F64, tl.float64), t)
+    step_size = (tl.full((), LR, tl.float64) / bc1).to(tl.float32)
+    bc2_sqrt = tl.sqrt(bc2).to(tl.float32)            # fp64 sqrt is sqrt.rn.f64
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    g = tl.load(grad_ptr + offs, mask=mask, other=0.0)
+    p = tl.load(pmv_ptr + offs, mask=mask, other=0.0)
+    m = tl.load(pmv_ptr + N + offs, mask=mask, other=0.0)
+    v = tl.load(pmv_ptr + 2 * N + offs, mask=mask, other=0.0)
+    gain = ((offs >= GAIN0_START) & (offs < GAIN0_END)) | ((offs >= GAIN1_START) & (offs < GAIN1_END))
+    p = tl.where(gain, p, p * DECAY)
+    m = BETA1 * m + ONE_MINUS_BETA1 * g
+    v = BETA2 * v + (ONE_MINUS_BETA2 * g) * g
+    p = p - tl.div_rn(step_size * m, tl.div_rn(tl.sqrt_rn(v), bc2_sqrt) + EPS)
+    tl.store(pmv_ptr + offs, p, mask=mask)
+    tl.store(pmv_ptr + N + offs, m, mask=mask)
+    tl.store(pmv_ptr + 2 * N + offs, v, mask=mask)
+    tl.store(w16_ptr + offs, p.to(tl.bfloat16), mask=mask)
+
+
+@triton.jit
+def cast_bf16(src_ptr, dst_ptr, N, BLOCK: tl.constexpr):
+    """dst = bf(src), N elements (refreshes w16 from the P plane)."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=mask, other=0.0).to(tl.bfloat16), mask=mask)

@@ -1,0 +1,51 @@
+"""Fused cross-entropy: one read of each logits row gives lse, ce and dlogits; and the predictions.
+
+ce[r] = lse(logits[r]) − logits[r, target[r]] goes to the loss record and w0 (staging);
+dlogits = (softmax − onehot) / T is written as bf16 (it is only ever a matmul operand).
+BLOCK_V ≥ V: a whole row sits in registers, so nothing is read twice.
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def cross_entropy(logits_ptr, targets_ptr, loss_ptr, w0_ptr, dlogits_ptr, T, V: tl.constexpr,
+                  ROWS: tl.constexpr, BLOCK_V: tl.constexpr):
+    """logits (T, V) fp32, targets (T,) u32 → loss, w0 (T,) fp32 and dlogits (T, V) bf16."""
+    offs_r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    offs_v = tl.arange(0, BLOCK_V)
+    mask_r = offs_r < T
+    mask = mask_r[:, None] & (offs_v[None, :] < V)
+    offs = offs_r[:, None] * V + offs_v[None, :]
+    logits = tl.load(logits_ptr + offs, mask=mask, other=float("-inf"))
+    m = tl.max(logits, 1)
+    e = tl.exp(logits - m[:, None])
+    total = tl.sum(e, 1)
+    lse = m + tl.log(total)
+    target = tl.load(targets_ptr + offs_r, mask=mask_r, other=0).to(tl.int32)
+    hit = offs_v[None, :] == target[:, None]
+    ce = lse - tl.sum(tl.where(hit, logits, 0.0), 1)
+    tl.store(loss_ptr + offs_r, ce, mask=mask_r)
+    tl.store(w0_ptr + offs_r, ce, mask=mask_r)
+    p = tl.div_rn(e, total[:, None]) - tl.where(hit, 1.0, 0.0)
+    dl = tl.div_rn(p, tl.full((), T, tl.float32))
+    tl.store(dlogits_ptr + offs, dl.to(tl.bfloat16), mask=mask)
+
+
+@triton.jit
+def predictions(logits_ptr, pred_ptr, V: tl.constexpr, ROW0: tl.constexpr, ROW1: tl.constexpr,
+                ROW2: tl.constexpr, BLOCK_V: tl.constexpr):
+    """pred[i] = {u32 argmax token (first index of the largest finite logit), u32 valid}; program i
+    reads row ROW0/ROW1/ROW2; valid = 1 when every logit of the row is finite."""
+    i = tl.program_id(0)
+    row = tl.where(i == 0, ROW0, tl.where(i == 1, ROW1, ROW2))
+    offs_v = tl.arange(0, BLOCK_V)
+    mask = offs_v < V
+    logits = tl.load(logits_ptr + row * V + offs_v, mask=mask, other=0.0)
+    finite = (logits == logits) & (tl.abs(logits) < float("inf"))
+    valid = tl.sum(tl.where(mask & ~finite, 1, 0), 0) == 0
+    clean = tl.where(mask & finite, logits, float("-inf"))
+    best = tl.max(clean, 0)
+    token = tl.min(tl.where(mask & (clean == best), offs_v, BLOCK_V), 0)
+    tl.store(pred_ptr + 2 * i, token.to(tl.uint32))
+    tl.store(pred_ptr + 2 * i + 1, valid.to(tl.uint32))

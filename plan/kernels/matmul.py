@@ -1,0 +1,116 @@
+"""Matmuls: bf16 operands, fp32 accumulation (tl.dot → wgmma on sm_90a, mma on sm_80), fused epilogues.
+
+One kernel covers every matrix product of the model through two layout flags:
+  A_T = False: A stored (M, K) row-major      A_T = True: A stored (K, M) row-major (Aᵀ is read)
+  B_T = True:  B stored (N, K) row-major (a `[out, in]` weight read as Wᵀ)
+  B_T = False: B stored (K, N) row-major
+so `h @ Wᵀ` is (A_T=0, B_T=1), `dY @ W` is (0, 0) and the weight gradient `dYᵀ @ h` is (1, 0).
+`matmul_swiglu` computes the gate and up products of one tile together and applies SwiGLU.
+Operands are rounded to bf16 on load (a no-op for bf16 buffers), exactly bf() of NUMERICS.md.
+"""
+import triton
+import triton.language as tl
+
+from plan.kernels import meta
+
+EPI_F32 = tl.constexpr(meta.EPI_F32)
+EPI_BF16 = tl.constexpr(meta.EPI_BF16)
+EPI_RESIDUAL = tl.constexpr(meta.EPI_RESIDUAL)
+EPI_SWIGLU_BWD = tl.constexpr(meta.EPI_SWIGLU_BWD)
+
+
+@triton.jit
+def _tile_ids(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    # grouped ordering: GROUP_M row tiles share their B tiles in L2
+    pid = tl.program_id(0)
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * tiles_n
+    group = pid // per_group
+    first_m = group * GROUP_M
+    size_m = tl.minimum(tiles_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % size_m
+    pid_n = (pid % per_group) // size_m
+    return pid_m, pid_n
+
+
+@triton.jit
+def _load_a(a_ptr, offs_m, offs_k, M, K, A_T: tl.constexpr):
+    mask = (offs_m[:, None] < M) & (offs_k[None, :] < K)
+    if A_T:
+        a = tl.load(a_ptr + offs_k[None, :] * M + offs_m[:, None], mask=mask, other=0.0)
+    else:
+        a = tl.load(a_ptr + offs_m[:, None] * K + offs_k[None, :], mask=mask, other=0.0)
+    return a.to(tl.bfloat16)                                        # (BLOCK_M, BLOCK_K)
+
+
+@triton.jit
+def _load_b(b_ptr, offs_k, offs_n, N, K, B_T: tl.constexpr):
+    mask = (offs_k[:, None] < K) & (offs_n[None, :] < N)
+    if B_T:
+        b = tl.load(b_ptr + offs_n[None, :] * K + offs_k[:, None], mask=mask, other=0.0)
+    else:
+        b = tl.load(b_ptr + offs_k[:, None] * N + offs_n[None, :], mask=mask, other=0.0)
+    return b.to(tl.bfloat16)                                        # (BLOCK_K, BLOCK_N)
+
+
+@triton.jit
+def matmul(a_ptr, b_ptr, c_ptr, aux_ptr, M, N, K,
+           A_T: tl.constexpr, B_T: tl.constexpr, EPILOGUE: tl.constexpr,
+           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+           GROUP_M: tl.constexpr):
+    """c (M, N) = epilogue(bf(A) @ bf(B)); aux: the residual (M, N) or [a | b] (M, 2N) for SwiGLU."""
+    pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        a = _load_a(a_ptr, offs_m, k0 + offs_k, M, K, A_T)
+        b = _load_b(b_ptr, k0 + offs_k, offs_n, N, K, B_T)
+        acc = tl.dot(a, b, acc)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    if EPILOGUE == EPI_SWIGLU_BWD:
+        # acc = dz; [a | b] saved by the forward; writes [bf(da) | bf(db)] (NUMERICS mlp_backward)
+        row = offs_m[:, None] * (2 * N)
+        ga = tl.load(aux_ptr + row + offs_n[None, :], mask=mask, other=0.0)
+        up = tl.load(aux_ptr + row + N + offs_n[None, :], mask=mask, other=0.0)
+        ea = 1.0 + tl.exp(-ga)
+        sig = tl.div_rn(1.0, ea)
+        silu = tl.div_rn(ga, ea)
+        dsilu = sig * (1.0 + ga * (1.0 - sig))
+        da = acc * up * dsilu
+        db = acc * silu
+        tl.store(c_ptr + row + offs_n[None, :], da.to(tl.bfloat16), mask=mask)
+        tl.store(c_ptr + row + N + offs_n[None, :], db.to(tl.bfloat16), mask=mask)
+    else:
+        offs_c = offs_m[:, None] * N + offs_n[None, :]
+        if EPILOGUE == EPI_RESIDUAL:
+            acc = tl.load(aux_ptr + offs_c, mask=mask, other=0.0) + acc
+        if EPILOGUE == EPI_BF16:
+            tl.store(c_ptr + offs_c, acc.to(tl.bfloat16), mask=mask)
+        else:
+            tl.store(c_ptr + offs_c, acc, mask=mask)
+
+
+@triton.jit
+def matmul_swiglu(h_ptr, wg_ptr, wu_ptr, ab_ptr, z_ptr, M, N, K,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  GROUP_M: tl.constexpr):
+    """a = bf(h) @ bf(Wgate)ᵀ, b = bf(h) @ bf(Wup)ᵀ (M, N); ab = [a | b] (M, 2N) fp32; z = bf(silu(a)·b)."""
+    pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    acc_a = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_b = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        h = _load_a(h_ptr, offs_m, k0 + offs_k, M, K, False)
+        acc_a = tl.dot(h, _load_b(wg_ptr, k0 + offs_k, offs_n, N, K, True), acc_a)
+        acc_b = tl.dot(h, _load_b(wu_ptr, k0 + offs_k, offs_n, N, K, True), acc_b)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    row = offs_m[:, None] * (2 * N)
+    tl.store(ab_ptr + row + offs_n[None, :], acc_a, mask=mask)
+    tl.store(ab_ptr + row + N + offs_n[None, :], acc_b, mask=mask)
+    z = tl.div_rn(acc_a, 1.0 + tl.exp(-acc_a)) * acc_b
+    tl.store(z_ptr + offs_m[:, None] * N + offs_n[None, :], z.to(tl.bfloat16), mask=mask)

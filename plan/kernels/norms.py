@@ -1,0 +1,98 @@
+"""Row norms: embedding gather + rmsnorm + gain, parameter-free rmsnorm (bf16 out), their backwards,
+and the gain gradients (a fixed-order column reduction over rows: no atomics).
+
+One program owns BLOCK_R whole rows (BLOCK_D ≥ D covers a row), so every row statistic is a
+single in-register reduction.  y = x·r is recomputed from the saved x and r (same fp32 ops as the
+forward), never stored.
+"""
+import triton
+import triton.language as tl
+
+from plan.kernels import meta
+
+RMS_EPS = tl.constexpr(meta.RMS_EPS)
+
+
+@triton.jit
+def _rstd(x, D: tl.constexpr):
+    # r = 1/sqrt(mean(x²) + eps), IEEE division and square root as numpy does
+    ms = tl.div_rn(tl.sum(x * x, 1), tl.full((), D, tl.float32))
+    return tl.div_rn(tl.full((), 1.0, tl.float32), tl.sqrt_rn(ms + RMS_EPS))
+
+
+@triton.jit
+def embed_fwd(ids_ptr, table_ptr, g_ptr, emb_ptr, rstd_ptr, x_ptr, T, D: tl.constexpr,
+              BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    """e = E[ids] (T, D) → emb = e, rstd = r(e), x = e·r·g (NUMERICS embed)."""
+    offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_r = offs_r < T
+    mask = mask_r[:, None] & (offs_d[None, :] < D)
+    ids = tl.load(ids_ptr + offs_r, mask=mask_r, other=0).to(tl.int32)
+    e = tl.load(table_ptr + ids[:, None] * D + offs_d[None, :], mask=mask, other=0.0)
+    r = _rstd(e, D)
+    g = tl.load(g_ptr + offs_d, mask=offs_d < D, other=0.0)
+    offs = offs_r[:, None] * D + offs_d[None, :]
+    tl.store(emb_ptr + offs, e, mask=mask)
+    tl.store(rstd_ptr + offs_r, r, mask=mask_r)
+    tl.store(x_ptr + offs, (e * r[:, None]) * g[None, :], mask=mask)
+
+
+@triton.jit
+def rmsnorm_fwd(x_ptr, g_ptr, h_ptr, rstd_ptr, T, D: tl.constexpr, HAS_GAIN: tl.constexpr,
+                BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    """h = bf(x·r [·g]) (T, D) bf16, rstd = r (T,): the matmul operand of qkv / mlp / head."""
+    offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_r = offs_r < T
+    mask = mask_r[:, None] & (offs_d[None, :] < D)
+    offs = offs_r[:, None] * D + offs_d[None, :]
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    r = _rstd(x, D)
+    y = x * r[:, None]
+    if HAS_GAIN:
+        y = y * tl.load(g_ptr + offs_d, mask=offs_d < D, other=0.0)[None, :]
+    tl.store(h_ptr + offs, y.to(tl.bfloat16), mask=mask)
+    tl.store(rstd_ptr + offs_r, r, mask=mask_r)
+
+
+@triton.jit
+def rmsnorm_bwd(dy_ptr, x_ptr, rstd_ptr, g_ptr, dx_ptr, dx16_ptr, T, D: tl.constexpr,
+                HAS_GAIN: tl.constexpr, ACCUMULATE: tl.constexpr, WRITE_BF16: tl.constexpr,
+                BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    """dx [+]= r·(dy' − y·mean(dy'·y)), dy' = dy [·g], y = x·r; optionally dx16 = bf(dx)."""
+    offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_r = offs_r < T
+    mask = mask_r[:, None] & (offs_d[None, :] < D)
+    offs = offs_r[:, None] * D + offs_d[None, :]
+    dy = tl.load(dy_ptr + offs, mask=mask, other=0.0)
+    if HAS_GAIN:
+        dy = dy * tl.load(g_ptr + offs_d, mask=offs_d < D, other=0.0)[None, :]
+    r = tl.load(rstd_ptr + offs_r, mask=mask_r, other=0.0)
+    y = tl.load(x_ptr + offs, mask=mask, other=0.0) * r[:, None]
+    mean = tl.div_rn(tl.sum(dy * y, 1), tl.full((), D, tl.float32))
+    dx = r[:, None] * (dy - y * mean[:, None])
+    if ACCUMULATE:
+        dx = tl.load(dx_ptr + offs, mask=mask, other=0.0) + dx
+    tl.store(dx_ptr + offs, dx, mask=mask)
+    if WRITE_BF16:
+        tl.store(dx16_ptr + offs, dx.to(tl.bfloat16), mask=mask)
+
+
+@triton.jit
+def gain_grad(dy_ptr, x_ptr, rstd_ptr, dg_ptr, T, D: tl.constexpr,
+              BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    """dg (D,) = Σ_rows dy·y, y = x·r; one program per column block, rows in a fixed order."""
+    offs_d = tl.program_id(0) * BLOCK_D + tl.arange(0, BLOCK_D)
+    mask_d = offs_d < D
+    acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    for r0 in range(0, T, BLOCK_R):
+        offs_r = r0 + tl.arange(0, BLOCK_R)
+        mask_r = offs_r < T
+        mask = mask_r[:, None] & mask_d[None, :]
+        offs = offs_r[:, None] * D + offs_d[None, :]
+        r = tl.load(rstd_ptr + offs_r, mask=mask_r, other=0.0)
+        y = tl.load(x_ptr + offs, mask=mask, other=0.0) * r[:, None]
+        acc += tl.sum(tl.load(dy_ptr + offs, mask=mask, other=0.0) * y, 0)
+    tl.store(dg_ptr + offs_d, acc, mask=mask_d)
