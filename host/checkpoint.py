@@ -19,7 +19,9 @@ import errno
 import fcntl
 import hashlib
 import os
+import re
 import secrets
+import shlex
 import stat as stat_mod
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -39,6 +41,7 @@ __all__ = ["CheckpointRefused", "CheckpointLocked", "CheckpointWriteFailed", "Pu
 
 LOCK_SUFFIX = ".lock"
 TEMP_MARK = ".tmp."             # temporaries are ".<name>.tmp.<pid>.<random>" beside the path
+_TEMP_TAIL = re.compile(r"(\d+)\.[0-9a-f]{8}")     # "<pid>.<random>" after TEMP_MARK
 RING = 3                        # chunk buffers in flight: one being read, two being hashed/written
 BUFFER_ALIGN = 4096
 
@@ -158,9 +161,8 @@ def stale_temporaries(path) -> list[str]:
         for entry in os.scandir(directory):
             if not entry.name.startswith(head):
                 continue
-            pid_text = entry.name[len(head):].split(".", 1)[0]
-            if pid_text.isdigit() and int(pid_text) != os.getpid() and \
-                    not _pid_alive(int(pid_text)):
+            m = _TEMP_TAIL.fullmatch(entry.name[len(head):])
+            if m and int(m[1]) != os.getpid() and not _pid_alive(int(m[1])):
                 stale.append(entry.path)
     return stale
 
@@ -417,7 +419,7 @@ def _open_or_refuse(path) -> int:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         raise CheckpointRefused(f"{where} does not exist",
-                                f"`: > {os.fspath(path)}` starts fresh; check the path "
+                                f"`: > {shlex.quote(os.fspath(path))}` starts fresh; check the path "
                                 "for a typo") from None
     except OSError as e:
         raise CheckpointRefused(f"{where}: cannot open: {e.strerror}",

@@ -327,6 +327,22 @@ def test_lock_in_missing_directory_is_refused(tmp_path):
 
 # ------------------------------------------------------------------------------- failures
 
+def test_publish_removes_only_dead_publishers_temporaries(tmp_path):
+    import subprocess
+    import sys
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    names = {f".a.ckpt.tmp.{dead}.deadbeef": False,          # a killed publisher's: removed
+             f".a.ckpt.tmp.{os.getppid()}.deadbeef": True,   # a live process's: kept
+             f".a.ckpt.tmp.{dead}.tmp.{dead}.deadbeef": True,  # another path's (a.ckpt.tmp.N)
+             ".a.ckpt.tmp.notes": True}
+    for name in names:
+        (tmp_path / name).write_bytes(b"x")
+    C.publish(tmp_path / "a.ckpt", TINY, *planes(0), update_count=0)
+    for name, kept in names.items():
+        assert (tmp_path / name).exists() == kept, name
+
+
 def test_failing_read_chunk_leaves_previous_and_no_temporary(tmp_path, good):
     p = write(tmp_path, good[1])
 
