@@ -76,3 +76,13 @@ def test_rotary_tables_match_torch_float64():
 def test_attention_scale():
     assert R.attention_scale(64) == np.float32(0.125)
     assert R.attention_scale(32) == np.float32(1 / np.sqrt(32.0))
+
+
+def test_reference_imports_neither_torch_nor_triton():
+    import subprocess
+    import sys
+    from pathlib import Path
+    code = "import sys, plan.reference; print(sorted({'torch', 'triton'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert out.stdout.strip() == "[]", out.stdout
