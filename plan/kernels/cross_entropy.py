@@ -17,7 +17,9 @@ def cross_entropy(logits_ptr, targets_ptr, loss_ptr, w0_ptr, dlogits_ptr, T, V: 
     mask_r = offs_r < T
     mask = mask_r[:, None] & (offs_v[None, :] < V)
     offs = offs_r[:, None] * V + offs_v[None, :]
-    logits = tl.load(logits_ptr + offs, mask=mask, other=float("-inf"))
+    # rows past T load zeros (no inf − inf), columns past V are −inf (no weight in the sums)
+    logits = tl.load(logits_ptr + offs, mask=mask, other=0.0)
+    logits = tl.where(offs_v[None, :] < V, logits, float("-inf"))
     m = tl.max(logits, 1)
     e = tl.exp(logits - m[:, None])
     total = tl.sum(e, 1)

@@ -1,0 +1,62 @@
+"""Issue #7: AdamW and the bf16 cast in Triton's interpreter against the reference learner:
+t formed from t_base + doorbell, gains not decayed, bf16 copy written, awkward N."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from kernels_support import assert_close, assert_written, f32, poisoned
+
+import torch
+from plan import launches, profiles
+from plan import reference as ref
+from plan.kernels.adamw import adamw, cast_bf16
+
+# The kernel follows NUMERICS op by op with IEEE div/sqrt: the interpreter (numpy, no FMA) matches
+# the reference to the last bit except where β^t by squaring differs from pow in fp64's last bit.
+ADAMW_REL = 1e-6
+
+
+def _tiny_planes(rng, n):
+    P = rng.standard_normal(n).astype(np.float32) * 0.02
+    M = rng.standard_normal(n).astype(np.float32) * 1e-3
+    V = np.abs(rng.standard_normal(n).astype(np.float32)) * 1e-6
+    G = rng.standard_normal(n).astype(np.float32) * 1e-3
+    G[:7] = M[:7] = V[:7] = 0.0                            # no gradient, no moments: pure decay
+    return P, M, V, G
+
+
+@pytest.mark.parametrize("t_base,doorbell", [(-1, 2), (4998, 7)])
+def test_adamw_matches_reference_learner(t_base, doorbell):
+    prof = profiles.get("tiny")
+    launch = [x for x in launches.submissions(prof)[1].launches if x.function == "adamw"][0]
+    consts = dict(launch.constexprs)
+    consts["BLOCK"] = 4096                               # 123 programs, last one partial
+    n = prof.parameter_count
+    rng = np.random.default_rng(t_base + 5)
+    P, M, V, G = _tiny_planes(rng, n)
+    pmv = torch.from_numpy(np.concatenate([P, M, V]))
+    w16 = poisoned((n,), torch.bfloat16)
+    bell = torch.tensor([doorbell], dtype=torch.int32)
+    adamw[(-(-n // 4096),)](pmv, torch.from_numpy(G), w16, bell, t_base, n, **consts)
+    assert_written("w16", w16)
+    t = t_base + doorbell
+    P2, M2, V2 = ref.adamw(prof, P, M, V, G, t)
+    got = f32(pmv)
+    assert_close("P", got[:n], P2, ADAMW_REL)
+    assert_close("M", got[n:2 * n], M2, ADAMW_REL)
+    assert_close("V", got[2 * n:], V2, ADAMW_REL)
+    assert_close("w16", f32(w16), ref.bf16(got[:n]), 0.0)
+    # gains: not decayed; with g = 0 (first elements of E), a pure decay
+    for name in ("g_embed", "g_final"):
+        q = prof.parameter(name)
+        assert_close(name, got[q.offset:q.end], P2[q.offset:q.end], ADAMW_REL)
+    c = ref.adamw_constants(prof, t)
+    assert np.array_equal(got[:7], P[:7] * c["decay"]), "matrix decay (g = 0) is not exact"
+
+
+def test_cast_bf16_awkward_n():
+    x = np.random.default_rng(3).standard_normal(5000).astype(np.float32)
+    out = poisoned((5100,), torch.bfloat16)
+    cast_bf16[(5,)](torch.from_numpy(x), out, 5000, BLOCK=1024)
+    assert np.array_equal(f32(out)[:5000], ref.bf16(x)), "cast is not round-to-nearest-even"
+    assert torch.isnan(out[5000:].float()).all(), "cast wrote past N"

@@ -1,0 +1,115 @@
+"""Issue #7: the matmul kernels in Triton's interpreter against the reference stages, awkward shapes."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from kernels_support import (ONE_BF16_ULP, SAME_OPERANDS, assert_close, assert_written, bf16_tensor,
+                             f32, poisoned)
+
+import torch
+from plan import reference as ref
+from plan.kernels import meta
+from plan.kernels.matmul import matmul, matmul_swiglu
+
+RNG = np.random.default_rng(7)
+# awkward: no dimension a multiple of its block, so every mask is exercised
+M, N, K = 100, 72, 80
+BLOCKS = dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, GROUP_M=2)
+
+
+def _grid(m, n):
+    return (-(-m // 32) * -(-n // 32),)
+
+
+def _run(a, b, m, n, k, a_t, b_t, epilogue, aux=None, out_dtype=torch.float32, out_shape=None):
+    c = poisoned(out_shape or (m, n), out_dtype)
+    aux = c if aux is None else aux
+    matmul[_grid(m, n)](a, b, c, aux, m, n, k, A_T=a_t, B_T=b_t, EPILOGUE=epilogue, **BLOCKS)
+    assert_written("c", c)
+    return c
+
+
+@pytest.mark.parametrize("layout", ["NT", "NN", "TN"])
+def test_matmul_layouts_match_bf16_products(layout):
+    x = RNG.standard_normal((M, K)).astype(np.float32)
+    w = RNG.standard_normal((N, K)).astype(np.float32)          # [out, in]
+    if layout == "NT":     # h @ Wᵀ (qkv, out_proj, mlp, head)
+        want = ref.bf16(x) @ ref.bf16(w).T
+        got = _run(bf16_tensor(x), bf16_tensor(w), M, N, K, False, True, meta.EPI_F32)
+    elif layout == "NN":   # dY @ W (data gradients): A (M, K), B (K, N)
+        wk = np.ascontiguousarray(w.T)
+        want = ref.bf16(x) @ ref.bf16(wk)
+        got = _run(bf16_tensor(x), bf16_tensor(wk), M, N, K, False, False, meta.EPI_F32)
+    else:                  # dYᵀ @ h (weight gradients): A stored (K, M), B (K, N)
+        at = np.ascontiguousarray(x.T)
+        hk = RNG.standard_normal((K, N)).astype(np.float32)
+        want = ref.bf16(at).T @ ref.bf16(hk)
+        got = _run(bf16_tensor(at), bf16_tensor(hk), M, N, K, True, False, meta.EPI_F32)
+    assert_close(f"matmul {layout}", f32(got), want, SAME_OPERANDS)
+
+
+def test_matmul_reads_fp32_operands_as_bf16():
+    x = RNG.standard_normal((M, K)).astype(np.float32)
+    w = RNG.standard_normal((N, K)).astype(np.float32)
+    got = _run(torch.from_numpy(x), torch.from_numpy(w), M, N, K, False, True, meta.EPI_F32)
+    assert_close("fp32 operands", f32(got), ref.bf16(x) @ ref.bf16(w).T, SAME_OPERANDS)
+
+
+def test_matmul_bf16_epilogue_rounds_to_nearest_even():
+    x = RNG.standard_normal((M, K)).astype(np.float32)
+    w = RNG.standard_normal((N, K)).astype(np.float32)
+    got = _run(bf16_tensor(x), bf16_tensor(w), M, N, K, False, True, meta.EPI_BF16,
+               out_dtype=torch.bfloat16)
+    assert_close("bf16 store", f32(got), ref.bf16(ref.bf16(x) @ ref.bf16(w).T), ONE_BF16_ULP)
+
+
+def test_matmul_residual_epilogue_is_out_proj():
+    x = RNG.standard_normal((M, N)).astype(np.float32)            # residual (T, D)
+    o = RNG.standard_normal((M, K)).astype(np.float32)            # attention output (T, H·d)
+    wo = RNG.standard_normal((N, K)).astype(np.float32) * 0.05
+    got = _run(bf16_tensor(o), bf16_tensor(wo), M, N, K, False, True, meta.EPI_RESIDUAL,
+               aux=torch.from_numpy(x))
+    assert_close("out_proj", f32(got), ref.out_proj(x, o, wo), SAME_OPERANDS)
+
+
+def _swiglu_reference(D, F):
+    x = RNG.standard_normal((M, D)).astype(np.float32)
+    wg, wu = (RNG.standard_normal((F, D)).astype(np.float32) * 0.1 for _ in range(2))
+    wd = RNG.standard_normal((D, F)).astype(np.float32) * 0.1
+    return x, wg, wu, wd, ref.mlp(x, wg, wu, wd)
+
+
+def test_matmul_swiglu_is_the_mlp_stage():
+    D, F = 80, 72
+    x, wg, wu, wd, m = _swiglu_reference(D, F)
+    ab = poisoned((M, 2 * F))
+    z = poisoned((M, F), torch.bfloat16)
+    matmul_swiglu[_grid(M, F)](bf16_tensor(m.h), bf16_tensor(wg), bf16_tensor(wu), ab, z, M, F, D,
+                               **BLOCKS)
+    assert_written("ab", ab)
+    assert_written("z", z)
+    assert_close("a", f32(ab)[:, :F], m.a, SAME_OPERANDS)
+    assert_close("b", f32(ab)[:, F:], m.b, SAME_OPERANDS)
+    assert_close("z", f32(z), ref.bf16(m.z), ONE_BF16_ULP)
+
+
+def test_matmul_swiglu_backward_epilogue():
+    D, F = 80, 72
+    x, wg, wu, wd, m = _swiglu_reference(D, F)
+    dx = RNG.standard_normal((M, D)).astype(np.float32)
+    ab = torch.from_numpy(np.concatenate([m.a, m.b], axis=1))
+    got = _run(bf16_tensor(dx), bf16_tensor(wd), M, F, D, False, False, meta.EPI_SWIGLU_BWD,
+               aux=ab, out_dtype=torch.bfloat16, out_shape=(M, 2 * F))
+    # NUMERICS mlp_backward: dz = bf(dx) @ bf(Wdown); da = dz·b·silu'(a); db = dz·silu(a)
+    dz = ref.bf16(dx) @ ref.bf16(wd)
+    one = np.float32(1)
+    ea = one + np.exp(-m.a)
+    sig = one / ea
+    da = dz * m.b * (sig * (one + m.a * (one - sig)))
+    db = dz * (m.a / ea)
+    assert_close("da", f32(got)[:, :F], ref.bf16(da), ONE_BF16_ULP)
+    assert_close("db", f32(got)[:, F:], ref.bf16(db), ONE_BF16_ULP)
+    # and the dh it feeds equals the reference stage's gradient path
+    dh = f32(got) @ ref.bf16(np.concatenate([wg, wu]))
+    want = ref.bf16(da) @ ref.bf16(wg) + ref.bf16(db) @ ref.bf16(wu)
+    assert_close("dh", dh, want, 4 * ONE_BF16_ULP)

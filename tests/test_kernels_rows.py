@@ -1,0 +1,175 @@
+"""Issue #7: row kernels (norms, gains, rotary, cross-entropy, predictions, embedding backward,
+copy) in Triton's interpreter against the reference stages, at awkward sizes, outputs poisoned."""
+from __future__ import annotations
+
+import numpy as np
+from kernels_support import (ELEMENTWISE, ONE_BF16_ULP, assert_close, assert_written, bf16_tensor,
+                             f32, poisoned)
+
+import torch
+from plan import reference as ref
+from plan.kernels.copy import copy_f32
+from plan.kernels.cross_entropy import cross_entropy, predictions
+from plan.kernels.embed_grad import embed_grad, token_next
+from plan.kernels.norms import embed_fwd, gain_grad, rmsnorm_bwd, rmsnorm_fwd
+from plan.kernels.rotary import rotary
+
+RNG = np.random.default_rng(11)
+T, D, V = 77, 96, 300          # awkward: T and V not multiples of their blocks, D not a power of 2
+BLOCK_R, BLOCK_D = 16, 128
+GRID = (-(-T // BLOCK_R),)
+NORM = dict(D=D, BLOCK_R=BLOCK_R, BLOCK_D=BLOCK_D)
+
+
+def _t(x):
+    return torch.from_numpy(np.ascontiguousarray(x))
+
+
+def test_embed_fwd_is_the_embed_stage():
+    E = RNG.standard_normal((V, D)).astype(np.float32)
+    g = (1 + 0.1 * RNG.standard_normal(D)).astype(np.float32)
+    ids = RNG.integers(0, V, T).astype(np.uint32)
+    ids[-1] = V - 1                                              # the last table row
+    emb, rstd, x = poisoned((T, D)), poisoned((T,)), poisoned((T, D))
+    embed_fwd[GRID](_t(ids.view(np.int32)), _t(E), _t(g), emb, rstd, x, T, **NORM)
+    for name, t in (("emb", emb), ("rstd", rstd), ("x", x)):
+        assert_written(name, t)
+    want = ref.embed(E, g, ids.astype(np.int64))
+    assert_close("e", f32(emb), want.e, 0.0)
+    assert_close("r", f32(rstd), want.r, ELEMENTWISE)
+    assert_close("x", f32(x), want.x, ELEMENTWISE)
+
+
+def test_rmsnorm_fwd_with_and_without_gain():
+    x = (3 * RNG.standard_normal((T, D))).astype(np.float32)
+    g = (1 + 0.1 * RNG.standard_normal(D)).astype(np.float32)
+    y, r = ref.rmsnorm(x)
+    for has_gain, want in ((False, y), (True, ref.final_norm(x, g).hf)):
+        h, rstd = poisoned((T, D), torch.bfloat16), poisoned((T,))
+        rmsnorm_fwd[GRID](_t(x), _t(g), h, rstd, T, HAS_GAIN=has_gain, **NORM)
+        assert_written("h", h)
+        assert_written("rstd", rstd)
+        assert_close(f"h gain={has_gain}", f32(h), ref.bf16(want), ONE_BF16_ULP)
+        assert_close("r", f32(rstd), r, ELEMENTWISE)
+
+
+def test_rmsnorm_bwd_variants_match_reference():
+    x = (2 * RNG.standard_normal((T, D))).astype(np.float32)
+    dy = RNG.standard_normal((T, D)).astype(np.float32)
+    dres = RNG.standard_normal((T, D)).astype(np.float32)
+    g = (1 + 0.1 * RNG.standard_normal(D)).astype(np.float32)
+    y, r = ref.rmsnorm(x)
+    # final norm: gain, no accumulation, bf16 copy
+    dx, dx16 = poisoned((T, D)), poisoned((T, D), torch.bfloat16)
+    rmsnorm_bwd[GRID](_t(dy), _t(x), _t(r), _t(g), dx, dx16, T, HAS_GAIN=True, ACCUMULATE=False,
+                      WRITE_BF16=True, **NORM)
+    want, _ = ref.final_norm_backward(dy, y, r, g)
+    assert_written("dx", dx)
+    assert_written("dx16", dx16)
+    assert_close("final_norm_backward", f32(dx), want, ELEMENTWISE)
+    assert_close("bf16 copy", f32(dx16), ref.bf16(f32(dx)), 0.0)
+    # inside a layer: no gain, accumulate into the residual gradient
+    acc = _t(dres.copy())
+    rmsnorm_bwd[GRID](_t(dy), _t(x), _t(r), _t(g), acc, poisoned((T, D), torch.bfloat16), T,
+                      HAS_GAIN=False, ACCUMULATE=True, WRITE_BF16=True, **NORM)
+    assert_close("residual + rmsnorm_backward", f32(acc), dres + ref.rmsnorm_backward(dy, y, r),
+                 ELEMENTWISE)
+
+
+def test_gain_grad_is_a_fixed_order_row_sum():
+    x = RNG.standard_normal((T, D)).astype(np.float32)
+    dy = RNG.standard_normal((T, D)).astype(np.float32)
+    y, r = ref.rmsnorm(x)
+    dg = poisoned((D,))
+    gain_grad[(-(-D // 32),)](_t(dy), _t(x), _t(r), dg, T, D=D, BLOCK_R=16, BLOCK_D=32)
+    assert_written("dg", dg)
+    _, want = ref.final_norm_backward(dy, y, r, np.ones(D, np.float32))
+    assert_close("dg", f32(dg), want, 1e-5)
+    again = poisoned((D,))
+    gain_grad[(-(-D // 32),)](_t(dy), _t(x), _t(r), again, T, D=D, BLOCK_R=16, BLOCK_D=32)
+    assert torch.equal(dg, again), "gain_grad differs between two identical runs"
+
+
+def test_rotary_forward_and_inverse():
+    H, G, d = 4, 2, 32
+    Tr = 1000                                                  # masked last block; positions to 999
+    cos, sin = ref.rotary_tables(type("P", (), {"context": Tr, "head_dim": d})())
+    qkv = RNG.standard_normal((Tr, (H + 2 * G) * d)).astype(np.float32)
+    q, k, v = qkv[:, :H * d], qkv[:, H * d:(H + G) * d], qkv[:, (H + G) * d:]
+    for inverse, stage in ((False, ref.rotary), (True, ref.rotary_backward)):
+        out = poisoned(qkv.shape, torch.bfloat16)
+        rotary[(-(-Tr // 128),)](_t(qkv), out, Tr, ROTATED=H + G, HEADS=H + 2 * G, HEAD_DIM=d,
+                                INVERSE=inverse, BLOCK_R=128)
+        assert_written("rotary", out)
+        want = np.concatenate([stage(q, cos, sin), stage(k, cos, sin), v], axis=1)
+        assert_close(f"rotary inverse={inverse}", f32(out), ref.bf16(want), ONE_BF16_ULP)
+
+
+def test_cross_entropy_writes_ce_twice_and_bf16_dlogits():
+    logits = (4 * RNG.standard_normal((T, V))).astype(np.float32)
+    targets = RNG.integers(0, V, T).astype(np.uint32)
+    targets[0], targets[1] = 0, V - 1
+    loss, w0 = poisoned((T,)), poisoned((T,))
+    dl = poisoned((T, V), torch.bfloat16)
+    cross_entropy[(-(-T // 8),)](_t(logits), _t(targets.view(np.int32)), loss, w0, dl, T, V=V,
+                                 ROWS=8, BLOCK_V=512)
+    for name, t in (("loss", loss), ("w0", w0), ("dlogits", dl)):
+        assert_written(name, t)
+    want = ref.cross_entropy(logits, targets.astype(np.int64))
+    assert_close("ce", f32(loss), want, ELEMENTWISE)
+    assert torch.equal(loss, w0), "w0 must be the same per-row cross-entropy"
+    assert_close("dlogits", f32(dl), ref.bf16(ref.cross_entropy_backward(logits, targets)),
+                 ONE_BF16_ULP)
+
+
+def test_predictions_argmax_and_validity():
+    logits = RNG.standard_normal((T, V)).astype(np.float32)
+    logits[10, 5] = logits[10, 7] = 50.0                         # a tie: the first index wins
+    logits[20, 3] = np.nan                                       # invalid row
+    logits[20, 4] = 99.0
+    pred = poisoned((3, 2), torch.int32)
+    predictions[(3,)](_t(logits), pred, V=V, ROW0=10, ROW1=20, ROW2=T - 1, BLOCK_V=512)
+    assert_written("predictions", pred)
+    assert pred.tolist() == [[5, 1], [4, 0], [int(np.argmax(logits[T - 1])), 1]]
+
+
+def test_embed_grad_sums_rows_in_order_and_zeroes_absent_ids():
+    de = RNG.standard_normal((T, D)).astype(np.float32)
+    ids = RNG.integers(0, 40, T).astype(np.uint32)                # many repeats, most ids absent
+    ids[5:9] = 7
+    nxt = poisoned((T,), torch.int32)
+    token_next[(-(-T // 16),)](_t(ids.view(np.int32)), nxt, T, BLOCK_R=16, BLOCK_T=128)
+    assert_written("next", nxt)
+    dE = poisoned((V, D))
+    embed_grad[(-(-V // 16),)](_t(ids.view(np.int32)), nxt, _t(de), dE, T, V, D=D, BLOCK_V=16,
+                               BLOCK_T=128, BLOCK_D=BLOCK_D)
+    assert_written("dE", dE)
+    want = np.zeros((V, D), np.float32)
+    np.add.at(want, ids.astype(np.int64), de)                     # sequential: increasing rows
+    assert np.array_equal(f32(dE), want), "dE differs from the in-order row sums (bitwise)"
+
+
+def test_embed_backward_stage_end_to_end():
+    x = RNG.standard_normal((T, D)).astype(np.float32)            # gathered rows e
+    dx = RNG.standard_normal((T, D)).astype(np.float32)
+    g = (1 + 0.1 * RNG.standard_normal(D)).astype(np.float32)
+    ids = RNG.integers(0, V, T).astype(np.uint32)
+    y, r = ref.rmsnorm(x)
+    de = poisoned((T, D))
+    rmsnorm_bwd[GRID](_t(dx), _t(x), _t(r), _t(g), de, de, T, HAS_GAIN=True, ACCUMULATE=False,
+                      WRITE_BF16=False, **NORM)
+    nxt = poisoned((T,), torch.int32)
+    token_next[(-(-T // 16),)](_t(ids.view(np.int32)), nxt, T, BLOCK_R=16, BLOCK_T=128)
+    dE = poisoned((V, D))
+    embed_grad[(-(-V // 16),)](_t(ids.view(np.int32)), nxt, de, dE, T, V, D=D, BLOCK_V=16,
+                               BLOCK_T=128, BLOCK_D=BLOCK_D)
+    want, _ = ref.embed_backward(dx, y, r, g, ids.astype(np.int64), V)
+    assert_close("dE", f32(dE), want, ELEMENTWISE)
+
+
+def test_copy_f32_exact_and_bounded():
+    src = RNG.standard_normal(3000).astype(np.float32)
+    dst = poisoned((3100,))
+    copy_f32[(3,)](_t(src), dst, 2500, BLOCK=1024)
+    assert np.array_equal(f32(dst)[:2500], src[:2500])
+    assert torch.isnan(dst[2500:]).all(), "copy wrote past N"
