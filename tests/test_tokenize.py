@@ -1,0 +1,142 @@
+"""Issue #3: the shipped BPE tokenizer and `coppelius tokenize` — round trips, cache bytes, refusals."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from host import cli
+from host import tokenizer as tz
+from host.errors import EXIT_USER_ERROR
+from plan import profiles
+from staging import tokens as tk
+
+COPPELIUS = profiles.get("coppelius")
+
+
+@pytest.fixture(scope="module")
+def encoder():
+    return tz.Encoder(tz.load())
+
+
+@pytest.fixture(scope="module")
+def stdlib():
+    files = tz.stdlib_python_files()
+    assert len(files) > 500, "the standard library's .py files were not found"
+    return files, [tz.read_text(f) for f in files]
+
+
+def test_shipped_tokenizer(encoder):
+    tok = encoder.tokenizer
+    assert tz.vocabulary_size(tok) == COPPELIUS.vocab
+    assert tz.end_of_text_id(tok) == 0
+    assert encoder.fast, "the shipped tokenizer must allow the cached piecewise encoder"
+
+
+def test_round_trip_every_stdlib_file(encoder, stdlib):
+    files, texts = stdlib
+    t = time.perf_counter()
+    ids = encoder.encode(texts)
+    t_enc = time.perf_counter() - t
+    decoded = encoder.tokenizer.decode_batch([a.tolist() for a in ids], skip_special_tokens=False)
+    bad = [str(f) for f, a, b in zip(files, texts, decoded) if a != b]
+    mb = sum(len(x.encode("utf-8")) for x in texts) / 1e6
+    print(f"{len(files)} files, {mb:.1f} MB encoded in {t_enc:.2f} s")
+    assert not bad, f"{len(bad)} files do not round-trip, first {bad[0]}"
+    assert all(int(a.max(initial=0)) < COPPELIUS.vocab for a in ids)
+
+
+def test_piecewise_encoder_equals_tokenizer(encoder, stdlib):
+    """The cached piece encoder is exact: same ids as the tokenizer's own encoder (every 4th file,
+    plus texts with awkward whitespace, non-ASCII and the special token)."""
+    files, texts = stdlib
+    sample = texts[::4] + ["", " ", "\n\n", "x\x1c y\u00a0z\u2028", "a  \n\t b", "é__init__ 123456",
+                           "tail <|endoftext|>middle<|endoftext|>", "\r\n\x0b\x0c  "]
+    ours = encoder.encode(sample)
+    ref = encoder.tokenizer.encode_batch_fast(sample)
+    for i, (a, e) in enumerate(zip(ours, ref)):
+        assert a.tolist() == e.ids, f"text {i} ({sample[i][:40]!r}) differs"
+
+
+def make_sources(root):
+    (root / "pkg" / "sub").mkdir(parents=True)
+    (root / "pkg" / "a.py").write_text("def f(x):\n    return x + 1\n")
+    (root / "pkg" / "sub" / "b.txt").write_text("héllo wörld\n")
+    (root / "pkg" / "sub" / "c.txt").write_bytes(b"caf\xe9 latin-1\n")   # not UTF-8
+    return root / "pkg"
+
+
+def tokenize(*argv):
+    return cli.main(["tokenize", *map(str, argv)])
+
+
+def test_tokenize_directory_writes_exact_cache_twice(tmp_path, encoder, capsys):
+    src = make_sources(tmp_path)
+    out1, out2 = tmp_path / "one.tokens", tmp_path / "two.tokens"
+    assert tokenize(src, "-o", out1) == 0
+    assert tokenize(src, "-o", out2) == 0
+    assert out1.read_bytes() == out2.read_bytes()
+    err = capsys.readouterr().err
+    assert "3 file(s)" in err and "1 file(s) not UTF-8" in err
+    raw = out1.read_bytes()
+    mtime, size = tk.source_fingerprint([src])
+    assert raw[:16] == tk.header_bytes(mtime, size)
+    files = tk.source_files([src])
+    want = []
+    for f in files:
+        want += encoder.encode([tz.read_text(f)])[0].tolist() + [0]
+    got = np.frombuffer(raw[16:], "<u4")
+    assert got.tolist() == want
+    assert encoder.decode(got).split("<|endoftext|>")[:-1] == [tz.read_text(f) for f in files]
+    cache = tk.TokenCache.open(out1, profiles.get("tiny"))
+    cache.check_source(str(src))
+    # editing a source makes the cache stale
+    (src / "a.py").write_text("def f(x):\n    return x + 2\n\n")
+    with pytest.raises(tk.TokenCacheRefused, match="stale"):
+        cache.check_source(str(src))
+
+
+def test_several_sources_newest_mtime_total_size(tmp_path):
+    src = make_sources(tmp_path)
+    a, b = src / "a.py", src / "sub" / "b.txt"
+    out = tmp_path / "c.tokens"
+    assert tokenize(a, b, "-o", out) == 0
+    assert out.read_bytes()[:16] == tk.header_bytes(max(a.stat().st_mtime_ns, b.stat().st_mtime_ns),
+                                                    a.stat().st_size + b.stat().st_size)
+
+
+def refused(capsys, rc, *fragments):
+    assert rc == EXIT_USER_ERROR
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    for frag in fragments:
+        assert frag in err, f"{frag!r} not in {err!r}"
+
+
+def test_refuses_tokenizer_with_more_than_v_ids(tmp_path, capsys):
+    src = make_sources(tmp_path)
+    out = tmp_path / "x.tokens"
+    refused(capsys, tokenize(src, "-o", out, "--profile", "tiny"),
+            "has 12288 ids", "tiny vocabulary of 512")
+    assert not out.exists()
+
+
+def test_refusals(tmp_path, capsys):
+    src = make_sources(tmp_path)
+    out = tmp_path / "x.tokens"
+    out.write_bytes(b"")
+    refused(capsys, tokenize(src, "-o", out), "exists", "--force")
+    assert tokenize(src, "-o", out, "--force") == 0
+    capsys.readouterr()
+    refused(capsys, tokenize(tmp_path / "missing", "-o", tmp_path / "y"), "missing", "does not exist")
+    (src / "blob.bin").write_bytes(b"\x7fELF\0\0\1")
+    refused(capsys, tokenize(src, "-o", tmp_path / "y"), "blob.bin", "NUL bytes")
+    assert not list(tmp_path.glob(".y.*")), "a temporary file was left behind"
+    refused(capsys, tokenize(src / "a.py", "-o", tmp_path / "y", "--tokenizer", tmp_path / "no.json"),
+            "no.json", "does not exist")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    refused(capsys, tokenize(src / "a.py", "-o", tmp_path / "y", "--tokenizer", bad),
+            "not a tokenizers JSON file")
+    refused(capsys, tokenize(src / "a.py", "-o", tmp_path / "y", "--profile", "nano"), "nano")
