@@ -213,6 +213,12 @@ def ensure_default_stream(profile, directory=DEFAULT_DIRECTORY) -> pathlib.Path:
         return path
     directory.mkdir(parents=True, exist_ok=True)
     tokens = generate(profile).astype("<u4", copy=False)
+    digest = hashlib.sha256(STREAM_HEADER)
+    digest.update(memoryview(tokens).cast("B"))
+    if profile.name in STREAM_SHA256 and digest.hexdigest() != STREAM_SHA256[profile.name]:
+        # a program fault (e.g. a changed bit generator), not a user error: never write it
+        raise RuntimeError(f"the {profile.name} stream generator no longer reproduces its pinned "
+                           f"sha256 ({digest.hexdigest()[:16]}… ≠ {STREAM_SHA256[profile.name][:16]}…)")
     fd, tmp = tempfile.mkstemp(prefix=f".{profile.name}-stream.", dir=directory)
     try:
         with os.fdopen(fd, "wb") as f:
