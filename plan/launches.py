@@ -166,11 +166,12 @@ H200 = Tuning(mm_tiles=((128, 128), (128, 64), (64, 64)), mm_min_programs=120, m
               mm_warps=8, mm_stages=3, rows=4, rows_warps=4, attn_m=64, attn_n=64, attn_warps=4,
               ce_rows=1, ce_warps=16, adamw_block=2048, adamw_warps=8, vocab_block=16,
               next_rows=32, rotary_rows=8, gain_cols=32, gain_rows=64)
-INTERPRETER = Tuning(mm_tiles=((256, 256), (256, 128), (128, 128)), mm_min_programs=1,
-                     mm_block_k=128, mm_warps=8, mm_stages=2, rows=256, rows_warps=8,
-                     attn_m=256, attn_n=256, attn_warps=8, ce_rows=64, ce_warps=8,
-                     adamw_block=32768, adamw_warps=8, vocab_block=64, next_rows=256,
-                     rotary_rows=256, gain_cols=128, gain_rows=256)
+# tiny keeps GPU-valid shapes (≤ 128 KiB shared memory: sm_80's 163 KiB and sm_90's 227 KiB hold
+# it) while the interpreter sees few programs: 128×128×128 matmul tiles, one stage.
+INTERPRETER = Tuning(mm_tiles=((128, 128),), mm_min_programs=1, mm_block_k=128, mm_warps=8,
+                     mm_stages=1, rows=128, rows_warps=8, attn_m=128, attn_n=128, attn_warps=8,
+                     ce_rows=32, ce_warps=8, adamw_block=16384, adamw_warps=8, vocab_block=64,
+                     next_rows=64, rotary_rows=64, gain_cols=128, gain_rows=128)
 TUNING = {"coppelius": H200, "tiny": INTERPRETER}
 
 
@@ -237,7 +238,7 @@ class _Plan:
             programs = -(-M // bm) * -(-N // bn)
             if programs >= tu.mm_min_programs:
                 break
-        stages = tu.mm_stages if bm * bn > 64 * 64 else tu.mm_stages + 1
+        stages = tu.mm_stages if bm * bn > 64 * 64 or tu.mm_stages == 1 else tu.mm_stages + 1
         return _launch("plan.kernels.matmul", "matmul", (programs,),
                        {"a_ptr": a, "b_ptr": b, "c_ptr": c, "aux_ptr": aux,
                         "M": self.i32(M), "N": self.i32(N), "K": self.i32(K)},

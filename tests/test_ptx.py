@@ -1,0 +1,121 @@
+"""Issue #7: the committed PTX is exactly what tools/build_ptx.py produces, assembles with ptxas
+for its target, has no atomics, uses wgmma on sm_90a, and its manifest covers the launch lists."""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from plan import launches, profiles
+
+ROOT = Path(__file__).resolve().parent.parent
+PTX_DIR = ROOT / "kernels_ptx"
+TARGETS = ("sm_90a", "sm_80")
+DIRS = [(p, t) for p in profiles.names() for t in TARGETS]
+ATOMIC = re.compile(r"^\s*(@!?%\w+\s+)?(atom|red)\.", re.M)
+WGMMA_KERNELS = ("matmul", "matmul_swiglu", "attention_fwd", "attention_bwd_dkdv", "attention_bwd_dq")
+
+
+def _ptxas() -> str | None:
+    for cand in (shutil.which("ptxas"), "/usr/local/bin/ptxas", "/usr/local/cuda/bin/ptxas"):
+        if cand and os.access(cand, os.X_OK):
+            return cand
+    try:
+        import importlib.util
+        spec = importlib.util.find_spec("triton")
+        bundled = Path(spec.origin).parent / "backends" / "nvidia" / "bin" / "ptxas"
+        return str(bundled) if bundled.exists() else None
+    except Exception:
+        return None
+
+
+def _manifest(profile, target) -> dict:
+    return json.loads((PTX_DIR / profile / target / "manifest.json").read_text())
+
+
+def _ptx_files():
+    return sorted(PTX_DIR.glob("*/*/*.ptx"))
+
+
+def test_rebuild_matches_committed_bytes(tmp_path):
+    env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)
+    subprocess.run([sys.executable, str(ROOT / "tools" / "build_ptx.py"), "--out", str(tmp_path),
+                    "--jobs", str(os.cpu_count() or 2)], check=True, env=env, cwd=tmp_path)
+    built = {p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file()}
+    committed = {p.relative_to(PTX_DIR) for p in PTX_DIR.rglob("*") if p.is_file()}
+    assert built == committed, (f"only built: {sorted(built - committed)[:5]}, "
+                                f"only committed: {sorted(committed - built)[:5]}")
+    differ = [str(p) for p in sorted(built) if (tmp_path / p).read_bytes() != (PTX_DIR / p).read_bytes()]
+    assert not differ, f"rebuilt files differ from the committed ones: {differ[:5]} " \
+                       "(run tools/build_ptx.py and commit kernels_ptx/)"
+
+
+def test_every_ptx_assembles_for_its_target():
+    ptxas = _ptxas()
+    if ptxas is None:
+        pytest.skip("no ptxas on this machine")
+
+    def assemble(path: Path):
+        target = path.parent.name
+        r = subprocess.run([ptxas, f"-arch={target}", str(path), "-o", os.devnull],
+                           capture_output=True, text=True)
+        return path, r.returncode, r.stderr
+
+    with cf.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        results = list(pool.map(assemble, _ptx_files()))
+    failed = [(str(p.relative_to(ROOT)), err.strip()[:300]) for p, rc, err in results
+              if rc != 0 or "error" in err.lower()]
+    assert not failed, f"ptxas failed: {failed[:3]}"
+    assert len(results) == sum(len(_manifest(p, t)["kernels"]) for p, t in DIRS)
+
+
+def test_no_atomics_anywhere():
+    hits = [str(p.relative_to(ROOT)) for p in _ptx_files() if ATOMIC.search(p.read_text())]
+    assert not hits, f"atom./red. instructions in {hits}"
+
+
+@pytest.mark.parametrize("profile", profiles.names())
+def test_wgmma_in_sm90a_matmul_and_attention(profile):
+    m = _manifest(profile, "sm_90a")
+    checked = 0
+    for entry, rec in m["kernels"].items():
+        if rec["function"] in WGMMA_KERNELS:
+            text = (PTX_DIR / profile / "sm_90a" / rec["file"]).read_text()
+            assert "wgmma.mma_async" in text, f"{entry} ({rec['function']}) has no wgmma"
+            checked += 1
+    assert checked >= len(WGMMA_KERNELS)
+
+
+@pytest.mark.parametrize("profile,target", DIRS)
+def test_manifest_covers_launch_lists_and_pins_isa(profile, target):
+    m = _manifest(profile, target)
+    assert m["ptx_isa"] == "8.0" and m["target"] == target and m["triton"] == "3.9.0"
+    for sub in launches.submissions(profiles.get(profile)):
+        for launch in sub.launches:
+            rec = m["kernels"].get(launch.kernel)
+            assert rec is not None, f"{launch.kernel} ({launch.label}) missing from the manifest"
+            visible = [p["name"] for p in rec["params"] if not p["hidden"]]
+            assert visible == [n for n, _ in launch.args], launch.kernel
+            want = 1 if launch.function == launches.RELEASE else launch.num_warps * 32
+            assert rec["threads"] == want, launch.kernel
+    for rec in m["kernels"].values():
+        text = (PTX_DIR / profile / target / rec["file"]).read_text(encoding="ascii")
+        assert re.search(r"^\.version 8\.0$", text, re.M), rec["file"]
+        assert re.search(rf"^\.target {target}$", text, re.M), rec["file"]
+        assert f".entry {rec['entry']}(" in text
+        assert "/work/" not in text and "/tmp/" not in text and ".file" not in text
+        assert [p["name"] for p in rec["params"] if p["hidden"]] in ([], ["global_scratch",
+                                                                       "profile_scratch"])
+
+
+def test_committed_ptx_is_small():
+    total = sum(p.stat().st_size for p in PTX_DIR.rglob("*") if p.is_file())
+    assert total < 20e6, f"kernels_ptx is {total / 1e6:.1f} MB"

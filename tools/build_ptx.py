@@ -1,0 +1,189 @@
+"""Build kernels_ptx/<profile>/<target>/ (SPEC §12): Triton ahead-of-time → PTX for every kernel
+the launch lists name, the hand-written release PTX, and a manifest.json per directory.
+
+  .venv/bin/python tools/build_ptx.py [--out DIR] [--profile P ...] [--target T ...] [--jobs N]
+
+No GPU is needed.  Pinned: Triton 3.9.0, PTX ISA 8.0 (`.version 8.0`, what CUDA 12.0 drivers and
+later accept; sm_90a's wgmma needs exactly 8.0), no line info, no FMA contraction (the interpreter
+and the reference have none either).  Same sources → same bytes: the PTX carries no paths, dates
+or debug info, and each worker compiles into a fresh Triton cache.
+
+manifest.json: {"profile", "target", "triton", "ptx_isa", "fp_fusion", "kernels": {entry: {
+"file", "entry" (the PTX .entry symbol), "module", "function", "params": [{"name", "type",
+"hidden"}], "threads", "shared" (dynamic shared memory bytes), "num_warps", "num_stages",
+"global_scratch": {"size", "align"}, "profile_scratch": {"size", "align"}, "constexprs",
+"divisible_by_16": [parameter names]}}}.  Triton appends two hidden pointer parameters
+(global and profile scratch) to every kernel: they are listed with "hidden": true and are passed
+as null when their size is 0.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from plan import launches, profiles  # noqa: E402  (plain data: no Triton in this process)
+
+TRITON_VERSION = "3.9.0"
+PTX_ISA = (8, 0)
+TARGETS = {"sm_90a": 90, "sm_80": 80}
+HIDDEN_PARAMS = ("global_scratch", "profile_scratch")
+RELEASE_SOURCE = ROOT / "plan" / "kernels" / "release.ptx"
+DEFAULT_OUT = ROOT / "kernels_ptx"
+
+
+def _no_cubin(*args):
+    """Triton stage hook: stop at PTX (the host loads PTX only; tests/test_ptx.py runs ptxas)."""
+    if not args:
+        return "coppelius-ptx-only", "0"
+    stages = args[1]
+    stages["cubin"] = lambda src, metadata: b""
+
+
+def _worker_init():
+    os.environ["TRITON_INTERPRET"] = "0"           # the test process may have set it
+    os.environ["TRITON_DISABLE_LINE_INFO"] = "1"
+    os.environ["TRITON_DEFAULT_FP_FUSION"] = "0"
+    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="coppelius-triton-")
+    from triton import knobs
+    knobs.runtime.add_stages_inspection_hook = _no_cubin
+
+
+def _clean_ptx(ptx: str) -> str:
+    # belt and braces: no debug sections, .file/.loc lines or trailing spaces can vary per machine
+    debug = re.compile(r"^\s*\.(loc|file)\s")          # not `.local`: that declares stack memory
+    lines = [ln.rstrip() for ln in ptx.splitlines() if not debug.match(ln)]
+    text = "\n".join(lines) + "\n"
+    return re.sub(r"\n\t\.section\s+\.debug\w*\s*\{.*?\n\t\}", "", text, flags=re.S)
+
+
+def compile_entry(job):
+    """(target, Launch) → (entry, ptx, manifest record).  Runs in a worker process."""
+    target, launch = job
+    import importlib
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    if triton.__version__ != TRITON_VERSION:
+        raise SystemExit(f"Triton {triton.__version__} installed; the committed PTX is built with "
+                         f"{TRITON_VERSION} (pip install triton=={TRITON_VERSION})")
+    fn = getattr(importlib.import_module(launch.module), launch.function)
+    names = list(fn.arg_names)
+    given = [n for n, _ in launch.args] + [n for n, _ in launch.constexprs]
+    if sorted(given) != sorted(names):
+        raise ValueError(f"{launch.kernel}: launch names {given}, kernel takes {names}")
+    args = dict(launch.args)
+    if [n for n in names if n in args] != [n for n, _ in launch.args]:
+        raise ValueError(f"{launch.kernel}: launch arguments out of the kernel's parameter order")
+    signature = {n: (args[n].signature if n in args else "constexpr") for n in names}
+    divisible = [launch.args[i][0] for i in launches.specialization(launch.args)]
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in divisible}
+    src = ASTSource(fn, signature, constexprs=dict(launch.constexprs), attrs=attrs)
+    options = {"num_warps": launch.num_warps, "num_stages": launch.num_stages,
+               "ptx_version": PTX_ISA[0] * 10 + PTX_ISA[1], "enable_fp_fusion": False}
+    compiled = triton.compile(src, target=GPUTarget("cuda", TARGETS[target], 32), options=options)
+    md = compiled.metadata
+    ptx = _clean_ptx(compiled.asm["ptx"])
+    entry = re.search(r"\.visible \.entry \w+\((.*?)\)", ptx, flags=re.S)
+    declared = re.findall(r"\.param ", entry.group(1)) if entry else []
+    params = [{"name": n, "type": args[n].signature, "hidden": False} for n, _ in launch.args]
+    params += [{"name": h, "type": "*i8", "hidden": True} for h in HIDDEN_PARAMS]
+    if len(declared) != len(params):
+        raise ValueError(f"{launch.kernel}: PTX declares {len(declared)} parameters, "
+                         f"expected {len(params)} ({[p['name'] for p in params]})")
+    record = {
+        "file": f"{launch.kernel}.ptx", "entry": md.name, "module": launch.module,
+        "function": launch.function, "params": params, "threads": md.num_warps * 32,
+        "shared": md.shared, "num_warps": md.num_warps, "num_stages": launch.num_stages,
+        "global_scratch": {"size": md.global_scratch_size, "align": md.global_scratch_align},
+        "profile_scratch": {"size": md.profile_scratch_size, "align": md.profile_scratch_align},
+        "constexprs": {k: v for k, v in launch.constexprs}, "divisible_by_16": divisible,
+    }
+    return launch.kernel, ptx, record
+
+
+def release_ptx(target: str) -> str:
+    text = RELEASE_SOURCE.read_text(encoding="ascii")
+    text, n = re.subn(r"^\.target \w+$", f".target {target}", text, flags=re.M)
+    text = re.sub(r"^\.version \d+\.\d+$", f".version {PTX_ISA[0]}.{PTX_ISA[1]}", text, flags=re.M)
+    if n != 1:
+        raise ValueError(f"{RELEASE_SOURCE}: expected one .target line")
+    return text
+
+
+def release_record() -> dict:
+    return {"file": "release.ptx", "entry": "release", "module": "", "function": "release",
+            "params": [{"name": "doorbell_ptr", "type": "*u32", "hidden": False},
+                       {"name": "slot_ptr", "type": "*u32", "hidden": False}],
+            "threads": 1, "shared": 0, "num_warps": 1, "num_stages": 1,
+            "global_scratch": {"size": 0, "align": 1}, "profile_scratch": {"size": 0, "align": 1},
+            "constexprs": {}, "divisible_by_16": []}
+
+
+def build(out: Path, profile_names, target_names, jobs: int) -> list[Path]:
+    work = []
+    for pname in profile_names:
+        kernels = launches.kernels(profiles.get(pname))
+        for target in target_names:
+            for launch in kernels.values():
+                if launch.function != launches.RELEASE:
+                    work.append((pname, target, launch))
+    results = {}
+    with cf.ProcessPoolExecutor(max_workers=jobs, initializer=_worker_init) as pool:
+        futures = {pool.submit(compile_entry, (t, l)): (p, t) for p, t, l in work}
+        for fut in cf.as_completed(futures):
+            p, t = futures[fut]
+            entry, ptx, record = fut.result()
+            results[(p, t, entry)] = (ptx, record)
+    written = []
+    for pname in profile_names:
+        for target in target_names:
+            d = out / pname / target
+            if d.exists():
+                shutil.rmtree(d)
+            d.mkdir(parents=True)
+            manifest = {"profile": pname, "target": target, "triton": TRITON_VERSION,
+                        "ptx_isa": f"{PTX_ISA[0]}.{PTX_ISA[1]}", "fp_fusion": False,
+                        "kernels": {launches.RELEASE: release_record()}}
+            (d / "release.ptx").write_text(release_ptx(target), encoding="ascii")
+            written.append(d / "release.ptx")
+            for (p, t, entry), (ptx, record) in sorted(results.items()):
+                if (p, t) != (pname, target):
+                    continue
+                (d / record["file"]).write_text(ptx, encoding="ascii")
+                written.append(d / record["file"])
+                manifest["kernels"][entry] = record
+            manifest["kernels"] = dict(sorted(manifest["kernels"].items()))
+            (d / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n",
+                                             encoding="ascii")
+            written.append(d / "manifest.json")
+    return written
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--profile", action="append", choices=profiles.names())
+    ap.add_argument("--target", action="append", choices=list(TARGETS))
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    a = ap.parse_args(argv)
+    files = build(a.out, a.profile or profiles.names(), a.target or list(TARGETS), max(1, a.jobs))
+    total = sum(f.stat().st_size for f in files)
+    print(f"{len(files)} files, {total / 1e6:.2f} MB under {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
