@@ -101,7 +101,17 @@ class CudaBackend(Backend):
     def packed(self, launch, t_base: int):
         kernel = self.kernels[launch.kernel]
         values = [self.resolve(a, t_base) for _, a in launch.args]
-        values += [0] * (len(kernel.param_types) - len(values))     # Triton's hidden scratch: null
+        # Triton's hidden trailing scratch pointers: null unless the kernel asked for scratch, then
+        # per-program bytes × programs in the grid, as Triton's own launcher allocates
+        programs = launch.grid[0] * launch.grid[1] * launch.grid[2]
+        for size in getattr(kernel, "scratch", ()):
+            if size:
+                buf = drv.DeviceBuffer(size * programs)
+                self._closers.append(buf)
+                values.append(buf.ptr)
+            else:
+                values.append(0)
+        values += [0] * (len(kernel.param_types) - len(values))
         return kernel, kernel.pack(values)
 
     def instantiate(self, t_base: int) -> None:

@@ -48,7 +48,7 @@ def check(ret, call: str):
     else:
         code, values = ret, ()
     if int(code) != 0:
-        raise DriverError(f"{call} failed: {error_name(code)}", int(code))
+        raise DriverError(f"{error_name(code)} from {call}", int(code))
     if not values:
         return None
     return values[0] if len(values) == 1 else values

@@ -47,6 +47,8 @@ class Entry:
     threads: int
     shared: int
     sha256: str | None
+    hidden: tuple[str, ...] = ()        # names of Triton's trailing scratch parameters
+    scratch: tuple[int, ...] = ()       # bytes per program for each hidden parameter (0: null)
 
 
 class Manifest:
@@ -64,11 +66,14 @@ class Manifest:
                 param_types=tuple(_param_type(p) for p in k["params"]),
                 threads=int(k.get("threads", k.get("threads_per_block", 32 * k.get("num_warps", 4)))),
                 shared=int(k.get("shared", k.get("shared_bytes", 0))),
-                sha256=k.get("sha256"))
+                sha256=k.get("sha256"),
+                hidden=tuple(p["name"] for p in k["params"] if isinstance(p, dict) and p.get("hidden")),
+                scratch=tuple(int(k.get(p["name"], {}).get("size", 0)) if isinstance(k.get(p["name"]), dict)
+                              else 0 for p in k["params"] if isinstance(p, dict) and p.get("hidden")))
 
     @classmethod
-    def load(cls, profile: str, target: str, root: Path = ROOT) -> "Manifest":
-        directory = root / profile / target
+    def load(cls, profile: str, target: str, root: Path | None = None) -> "Manifest":
+        directory = (ROOT if root is None else root) / profile / target
         path = directory / MANIFEST
         if not path.is_file():
             raise PtxMissing(f"no PTX for profile {profile!r}, target {target}: {path} is missing",
@@ -101,5 +106,7 @@ class Manifest:
                 modules[e.file] = drv.Module(e.file.read_bytes(), e.file.name)
                 closers.append(modules[e.file])
             fn = modules[e.file].function(e.entry)
-            out[e.key] = drv.Kernel(fn, e.key, list(e.param_types), e.threads, e.shared)
+            kernel = drv.Kernel(fn, e.key, list(e.param_types), e.threads, e.shared)
+            kernel.scratch = e.scratch
+            out[e.key] = kernel
         return out
