@@ -44,7 +44,7 @@ def _tokenizers():
         import tokenizers
     except ImportError:
         raise TokenizerRefused("the `tokenizers` package is not installed",
-                               "pip install 'tokenizers==0.23.3' (or the project's dev extra)") from None
+                               "pip install 'coppelius[text]' (tokenizers==0.23.3)") from None
     return tokenizers
 
 
