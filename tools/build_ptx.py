@@ -172,13 +172,106 @@ def build(out: Path, profile_names, target_names, jobs: int) -> list[Path]:
     return written
 
 
+# H200 model for --report: what a roofline estimate assumes (SXM, 132 SMs)
+H200_BF16_FLOPS = 989e12 * 0.55      # dense bf16 peak × what Triton wgmma kernels reach at these sizes
+H200_FP32_FLOPS = 67e12 * 0.5
+H200_BYTES_PER_S = 4.8e12 * 0.8      # HBM3e peak × achievable streaming fraction
+H200_LAUNCH_S = 2.5e-6               # per kernel inside a CUDA graph: launch gap + ramp/tail
+
+
+def _work(launch, bufs) -> tuple[float, float, str]:
+    """(tensor-core FLOPs, bytes moved, kind) of one launch, from its arguments."""
+    a = dict(launch.args)
+    c = dict(launch.constexprs)
+    f = launch.function
+    nbytes = lambda name: bufs[a[name].buffer].nbytes if hasattr(a[name], "buffer") else 0  # noqa
+    if f in ("matmul", "matmul_swiglu"):
+        M, N, K = a["M"].value, a["N"].value, a["K"].value
+        n_b = 2 if f == "matmul_swiglu" else 1
+        flops = 2 * M * N * K * n_b
+        out = M * N * (4 * 2 + 2 if f == "matmul_swiglu" else
+                       {0: 4, 1: 2, 2: 8, 3: 4 + 8}[c.get("EPILOGUE", 0)])
+        return flops, 2 * (M * K + n_b * N * K) + out, "mma"
+    if f.startswith("attention") and f != "attention_bwd_delta":
+        T, H, d = a["T"].value, c["HEADS"], c["HEAD_DIM"]
+        causal = T * T / 2 * H * d * 2
+        mult = {"attention_fwd": 2, "attention_bwd_dkdv": 4, "attention_bwd_dq": 3}[f]
+        return causal * mult, T * (H + 2 * c["KV_HEADS"]) * d * 2 * 4, "mma"
+    if f == "adamw":
+        n = a["N"].value
+        return 0, n * (4 * 4 + 3 * 4 + 2), "stream"
+    if f in ("cast_bf16", "copy_f32"):
+        n = a["N"].value
+        return 0, n * (6 if f == "cast_bf16" else 8), "stream"
+    if f == "embed_grad":
+        return 0, bufs["de"].nbytes + bufs["grad"].nbytes // 1 * 0 + a["V"].value * c["D"] * 4, "stream"
+    if f == "cross_entropy":
+        return 0, a["T"].value * c["V"] * 6, "stream"
+    # row kernels: read and write (T, D)-sized operands
+    touched = sum(bufs[v.buffer].nbytes // max(1, bufs[v.buffer].shape[0])
+                  if len(bufs[v.buffer].shape) == 3 else bufs[v.buffer].nbytes
+                  for v in a.values() if hasattr(v, "buffer") and v.buffer not in ("pmv", "grad", "w16"))
+    return 0, touched, "stream"
+
+
+def report(profile_name: str, target: str) -> str:
+    """ptxas -v per manifest entry and an H200 roofline estimate per launch of the update list."""
+    import subprocess
+    d = DEFAULT_OUT / profile_name / target
+    m = json.loads((d / "manifest.json").read_text())
+    ptxas = shutil.which("ptxas") or "/usr/local/bin/ptxas"
+    stats = {}
+    for entry, rec in m["kernels"].items():
+        r = subprocess.run([ptxas, f"-arch={target}", "-v", str(d / rec["file"]), "-o", os.devnull],
+                           capture_output=True, text=True)
+        regs = re.findall(r"Used (\d+) registers", r.stderr)
+        spill = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", r.stderr)
+        stats[entry] = (int(regs[-1]) if regs else 0, rec["shared"],
+                        sum(int(x) + int(y) for x, y in spill))
+    prof = profiles.get(profile_name)
+    from plan.buffers import buffers
+    bufs = buffers(prof)
+    rows, total = {}, 0.0
+    for launch in launches.submissions(prof)[1].launches:
+        if launch.function == launches.RELEASE:
+            t, flops, nbytes = H200_LAUNCH_S, 0, 16
+        else:
+            flops, nbytes, kind = _work(launch, bufs)
+            t = max(flops / H200_BF16_FLOPS, nbytes / H200_BYTES_PER_S) + H200_LAUNCH_S
+        key = launch.function if launch.function != "matmul" else \
+            f"matmul {launch.label.split('.', 2)[-1] if launch.label.startswith('layers') else launch.label}"
+        r = rows.setdefault(key, [0, 0.0, 0.0, 0.0, launch.kernel])
+        r[0] += 1
+        r[1] += flops
+        r[2] += nbytes
+        r[3] += t
+        total += t
+    out = [f"| launch (update, {profile_name}) | n | regs | smem B | spill B | GFLOP | MB | predicted µs |",
+           "|---|---|---|---|---|---|---|---|"]
+    for key, (n, flops, nbytes, t, entry) in sorted(rows.items(), key=lambda kv: -kv[1][3]):
+        regs, smem, spill = stats[entry]
+        out.append(f"| {key} | {n} | {regs} | {smem} | {spill} | {flops / 1e9:.1f} | "
+                   f"{nbytes / 1e6:.1f} | {t * 1e6:.0f} |")
+    out.append(f"| **total** | {sum(r[0] for r in rows.values())} | | | | "
+               f"{sum(r[1] for r in rows.values()) / 1e9:.1f} | {sum(r[2] for r in rows.values()) / 1e6:.0f} | "
+               f"**{total * 1e6:.0f}** |")
+    return "\n".join(out)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--profile", action="append", choices=profiles.names())
     ap.add_argument("--target", action="append", choices=list(TARGETS))
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--report", action="store_true",
+                    help="print ptxas -v figures and the H200 estimate of the committed PTX")
     a = ap.parse_args(argv)
+    if a.report:
+        for pname in a.profile or ["coppelius"]:
+            for target in a.target or ["sm_90a"]:
+                print(report(pname, target))
+        return 0
     files = build(a.out, a.profile or profiles.names(), a.target or list(TARGETS), max(1, a.jobs))
     total = sum(f.stat().st_size for f in files)
     print(f"{len(files)} files, {total / 1e6:.2f} MB under {a.out}")
