@@ -56,6 +56,18 @@ class Backend:
         """Copy payload bytes [offset, offset+nbytes) into the staging transfer window."""
         raise NotImplementedError
 
+    # ---- snapshot: publish a checkpoint while training goes on ----
+    def snapshot(self) -> None:
+        """Copy the payload (P, M, V) into a device-side snapshot, complete when this returns.
+
+        Issued between two updates; later updates do not touch it, so a publisher thread can
+        stream it out (`download_snapshot_chunk`) while the next steps run."""
+        raise NotImplementedError
+
+    def download_snapshot_chunk(self, offset: int, nbytes: int) -> None:
+        """Like download_chunk, from the snapshot; may be called from another thread."""
+        raise NotImplementedError
+
     # ---- submissions ----
     def instantiate(self, t_base: int) -> None:
         """Build the three plan submissions once (CUDA graphs on cuda); t_base per NUMERICS.md."""

@@ -84,6 +84,24 @@ class CudaBackend(Backend):
                         nbytes, self.dev.stream)
         self.dev.synchronize()
 
+    # ---- snapshot for publication while training goes on (one extra payload on the device)
+    def snapshot(self) -> None:
+        if getattr(self, "_snapshot", None) is None:
+            self._snapshot = drv.DeviceBuffer(self.buffers["pmv"].nbytes)
+            self._closers.append(self._snapshot)
+            self._copy_stream = self.dev.new_stream()
+        # on the submission stream, after the update that was just fenced; ~0.25 ms for 692 MB
+        drv.memcpy_dtod(self._snapshot.ptr, self.buffers["pmv"].ptr, self._snapshot.nbytes,
+                        self.dev.stream)
+        self.dev.synchronize()
+
+    def download_snapshot_chunk(self, offset: int, nbytes: int) -> None:
+        self._check_chunk(offset, nbytes)
+        self.dev.make_current()
+        drv.memcpy_dtoh(self.region.host_ptr + SL.TRANSFER_WINDOW, self._snapshot.ptr + offset,
+                        nbytes, self._copy_stream)
+        drv.check(drv.cu().cuStreamSynchronize(self._copy_stream), "cuStreamSynchronize")
+
     # ---- launch lists
     def resolve(self, arg, t_base: int):
         if isinstance(arg, _launches.BufferRef):
@@ -139,6 +157,9 @@ class CudaBackend(Backend):
         self.dev.synchronize()
 
     def close(self) -> None:
+        if getattr(self, "_copy_stream", None) is not None:
+            drv.cu().cuStreamDestroy(self._copy_stream)
+            self._copy_stream = None
         for g in getattr(self, "_graphs", []):
             g.close()
         self._graphs = []

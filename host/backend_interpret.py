@@ -160,6 +160,12 @@ class InterpretBackend(Backend):
     def download_chunk(self, offset: int, nbytes: int) -> None:
         self._window(offset, nbytes).copy_(self._payload[offset:offset + nbytes])
 
+    def snapshot(self) -> None:
+        self._snapshot = self._payload.clone()
+
+    def download_snapshot_chunk(self, offset: int, nbytes: int) -> None:
+        self._window(offset, nbytes).copy_(self._snapshot[offset:offset + nbytes])
+
     # ---- argument resolution
     def resolve(self, arg, t_base: int):
         if isinstance(arg, _launches.BufferRef):

@@ -91,6 +91,13 @@ class Device:
         check(d.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
         self.stream = check(d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
 
+    def make_current(self) -> None:
+        """Bind the primary context to the calling thread (a publisher thread needs it too)."""
+        check(cu().cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
+
+    def new_stream(self):
+        return check(cu().cuStreamCreate(cu().CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
+
     @property
     def compute_capability(self) -> int:
         return 10 * self.major + self.minor
@@ -244,6 +251,10 @@ class Graph:
         if getattr(self, "graph", None) is not None:
             d.cuGraphDestroy(self.graph)
             self.graph = None
+
+
+def memcpy_dtod(dst: int, src: int, nbytes: int, stream) -> None:
+    check(cu().cuMemcpyDtoDAsync(dst, src, nbytes, stream), "cuMemcpyDtoDAsync")
 
 
 def memcpy_htod(dst: int, src_host: int, nbytes: int, stream) -> None:

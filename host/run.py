@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +24,7 @@ from .backend import DeviceError
 from .errors import UserError
 
 DEFAULT_DIRECTORY = Path("coppelius-run")
+SWITCH_INTERVAL_S = 2e-4    # GIL hand-over bound while a publisher thread runs beside the loop
 
 EXIT_COMPLETED = 0
 EXIT_DEVICE_ERROR = 1
@@ -160,6 +163,72 @@ def run(req: Request, progress: Progress | None = None) -> Summary:
                                result_path, progress)
 
 
+class Publisher:
+    """Publishes checkpoints from a device-side snapshot on a thread while training goes on.
+
+    `start(n)` waits for the publication in flight, snapshots the payload on the device (between
+    two updates, ~0.25 ms for 692 MB on an H200), and streams the snapshot through the transfer
+    window on a thread; the step loop keeps issuing updates meanwhile.  `wait()` joins it and
+    re-raises its error.  Publishing is ~2 s per 692 MB checkpoint on the 2-core CI machine
+    (docs/PERFORMANCE.md, issue 5): ten of them would otherwise stop the GPU for longer than the
+    10,000 steps take.
+    """
+
+    def __init__(self, backend, ckpt_path, profile, summary, progress):
+        self.backend, self.path, self.profile = backend, ckpt_path, profile
+        self.summary, self.progress = summary, progress
+        self.transfer = backend.staging.transfer
+        self.thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+        self.sha256 = bytes(32)              # of the last published file (the status block's)
+        self.update_count: int | None = None  # of the last publication started
+
+    def start(self, update_count: int) -> None:
+        self.wait()
+        self.backend.snapshot()
+        self.update_count = update_count
+        self.thread = threading.Thread(target=self._publish, args=(update_count,),
+                                       name=f"publish-{update_count}", daemon=True)
+        self.thread.start()
+
+    def _publish(self, update_count: int) -> None:
+        from . import checkpoint as ckpt_mod
+        t = time.monotonic()
+        try:
+            pub = ckpt_mod.publish_chunks(
+                self.path, self.profile, update_count,
+                lambda off, n, out: self.backend.download_snapshot_chunk(off, n),
+                transfer=self.transfer)
+        except BaseException as e:          # re-raised by wait() on the run loop's thread
+            self.error = e
+            return
+        self.sha256 = pub.sha256
+        self.summary.publications += 1
+        self.progress.published(update_count, time.monotonic() - t)
+
+    def wait(self) -> None:
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
+        if self.error is not None:
+            e, self.error = self.error, None
+            raise e
+
+
+def _upload_fresh(backend, profile) -> None:
+    """Fresh initialization (SPEC §4) through the transfer window: P drawn, M = V = 0."""
+    from plan import reference
+    transfer = backend.staging.transfer
+    P = reference.init_parameters(profile)                          # (N,) fp32
+    payload = P.view(np.uint8)
+    for off in range(0, profile.payload_bytes, L.TRANSFER_WINDOW_BYTES):
+        n = min(L.TRANSFER_WINDOW_BYTES, profile.payload_bytes - off)
+        k = min(n, max(0, payload.size - off))                       # bytes of P in this chunk
+        transfer[:k] = payload[off:off + k]
+        transfer[k:n] = 0
+        backend.upload_chunk(off, n)
+
+
 def _run_on(req, profile, steps, backend, cache, inp, c0, ckpt_path, writer, result_path,
             progress) -> Summary:
     from . import checkpoint as ckpt_mod
@@ -171,14 +240,15 @@ def _run_on(req, profile, steps, backend, cache, inp, c0, ckpt_path, writer, res
     summary = Summary(c0=c0, steps_planned=steps, update_count=c0, result=result_path,
                       checkpoint=ckpt_path)
     ring = Ring(backend, capacity=steps + 2, timeout_s=req.fence_timeout_s)
+    publisher = Publisher(backend, ckpt_path, profile, summary, progress)
     notifier = views.error_notifier[0]
     notifier.fill(0)
     notifier["step"] = R.NOTIFIER_NO_STEP
     payload_sha = bytes(32)
-    last_published_sha = bytes(32)
-    transfer = views.transfer
 
     def fail(outcome: int, info32: int, submission: int, step: int | None, reason: str):
+        if summary.outcome not in (R.OUTCOME_COMPLETED, R.OUTCOME_INTERRUPTED):
+            return                          # the first failure is the one the notifier keeps
         summary.outcome = outcome
         summary.error = reason
         notifier["time_ns"] = time.clock_gettime_ns(time.CLOCK_REALTIME)
@@ -189,48 +259,26 @@ def _run_on(req, profile, steps, backend, cache, inp, c0, ckpt_path, writer, res
         notifier["step"] = R.NOTIFIER_NO_STEP if step is None else step
         notifier["reason"] = reason.encode("ascii", "replace")[:40]
 
-    def publish(update_count: int):
-        nonlocal last_published_sha
-        t = time.monotonic()
-        pub = ckpt_mod.publish_chunks(
-            ckpt_path, profile, update_count,
-            lambda off, n, out: backend.download_chunk(off, n), transfer=transfer)
-        last_published_sha = pub.sha256
-        summary.publications += 1
-        progress.published(update_count, time.monotonic() - t)
-
-    # ---- parameters onto the device ----
-    if inp.fresh:
-        from plan import reference
-        P = reference.init_parameters(profile)                      # (N,) fp32
-        payload = memoryview(P.view(np.uint8))
-        zeros_from = P.nbytes
-        for off in range(0, profile.payload_bytes, L.TRANSFER_WINDOW_BYTES):
-            n = min(L.TRANSFER_WINDOW_BYTES, profile.payload_bytes - off)
-            if off + n <= zeros_from:
-                transfer[:n] = np.frombuffer(payload[off:off + n], np.uint8)
-            else:                                                    # M = V = 0
-                k = max(0, zeros_from - off)
-                transfer[:k] = np.frombuffer(payload[off:off + k], np.uint8)
-                transfer[k:n] = 0
-            backend.upload_chunk(off, n)
-        del P, payload
-    else:
-        loaded = inp.load_chunks(lambda off, view: backend.upload_chunk(off, len(view)),
-                                 transfer=transfer)
-        payload_sha = loaded.payload_sha256
-    backend.instantiate(t_base=c0 - 1)
-
-    floor = None
-    if req.tokens is None:
-        from staging import synthetic
-        floor = synthetic.loss_floor(profile)
-    progress.start(summary, floor, profile.context)
-
     context = c0
     fwd_off, fin_off = L.record_forward_offset(profile), L.record_final_offset(profile)
+    switch = sys.getswitchinterval()
+    # a publisher thread must not hold the GIL for 5 ms while the loop waits on a ~1 ms fence
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     with _Signals(progress) as signals:
         try:
+            # ---- parameters onto the device ----
+            if inp.fresh:
+                _upload_fresh(backend, profile)
+            else:
+                loaded = inp.load_chunks(lambda off, view: backend.upload_chunk(off, len(view)),
+                                         transfer=views.transfer)
+                payload_sha = loaded.payload_sha256
+            backend.instantiate(t_base=c0 - 1)
+            floor = None
+            if req.tokens is None:
+                from staging import synthetic
+                floor = synthetic.loss_floor(profile)
+            progress.start(summary, floor, profile.context)
             # ---- forward submission: record forward part and predictions on context c0 ----
             cache.write_input_record(views, context)
             views.write_marker(fwd_off)
@@ -241,6 +289,8 @@ def _run_on(req, profile, steps, backend, cache, inp, c0, ckpt_path, writer, res
             # ---- one update issue per step ----
             loss_record = views.f32(L.LOSS_RECORD, L.LOSS_RECORD_BYTES // 4)   # (T,) ce rows
             for s in range(steps):
+                if signals.received:
+                    break
                 context = c0 + s
                 cache.write_input_record(views, context)
                 ring.run(L.SUBMISSION_UPDATE, context, s)
@@ -250,32 +300,45 @@ def _run_on(req, profile, steps, backend, cache, inp, c0, ckpt_path, writer, res
                 loss = float(loss_record.mean(dtype=np.float64))
                 summary.losses.append(loss)
                 progress.step(s, loss)
-                done = s + 1 == steps
-                if done or (s + 1) % profile.checkpoint_interval == 0 or signals.received:
-                    publish(summary.update_count)
-                if signals.received and not done:
-                    summary.outcome = R.OUTCOME_INTERRUPTED
-                    summary.error = f"interrupted by {signal.Signals(signals.received).name}"
-                    break
+                if (s + 1 == steps or (s + 1) % profile.checkpoint_interval == 0
+                        or signals.received):
+                    publisher.start(summary.update_count)
+            if signals.received and summary.steps_completed < steps:
+                summary.outcome = R.OUTCOME_INTERRUPTED
+                summary.error = f"interrupted by {signal.Signals(signals.received).name}"
+                if publisher.update_count != summary.update_count and summary.steps_completed:
+                    publisher.start(summary.update_count)
             # ---- final submission on the last step's context with the final parameters ----
             views.write_marker(fin_off)
             ring.run(L.SUBMISSION_FINAL, context, None)
             if views.marker_survived(fin_off):
                 raise _MarkerSurvived("final")
-            if summary.outcome == R.OUTCOME_INTERRUPTED:
-                fail(R.OUTCOME_INTERRUPTED, 0, L.SUBMISSION_UPDATE, summary.steps_completed,
-                     summary.error)
-                notifier["status"] = R.NOTIFIER_STATUS_NONE
         except _MarkerSurvived as e:
             fail(R.OUTCOME_DEVICE_ERROR, R.INFO_MARKER_SURVIVED, e.submission, None,
                  f"{L.SUBMISSIONS[e.submission]} record marker survived")
         except DeviceError as e:
             step = summary.steps_completed if summary.steps_completed < steps else None
-            fail(R.OUTCOME_DEVICE_ERROR, e.code or 0xFFFF, _current_submission(ring), step,
-                 str(e))
+            fail(R.OUTCOME_DEVICE_ERROR, e.code or 0xFFFF, _current_submission(ring), step, str(e))
         except (OSError, ckpt_mod.CheckpointWriteFailed) as e:
             fail(R.OUTCOME_HOST_ERROR, R.INFO_HOST_IO, _current_submission(ring), None,
                  f"host I/O: {getattr(e, 'strerror', None) or e}")
+        finally:
+            sys.setswitchinterval(switch)
+        # the last publication must be complete (and its digest known) before the tail
+        try:
+            publisher.wait()
+        except DeviceError as e:
+            fail(R.OUTCOME_DEVICE_ERROR, e.code or 0xFFFF, _current_submission(ring), None,
+                 f"publication: {e}")
+        except (OSError, ckpt_mod.CheckpointWriteFailed) as e:
+            fail(R.OUTCOME_HOST_ERROR, R.INFO_HOST_IO, _current_submission(ring), None,
+                 f"host I/O: {getattr(e, 'strerror', None) or e}")
+        if summary.outcome == R.OUTCOME_INTERRUPTED:
+            notifier["time_ns"] = time.clock_gettime_ns(time.CLOCK_REALTIME)
+            notifier["info16"] = L.SUBMISSION_UPDATE
+            notifier["sequence"] = ring.gp_put
+            notifier["step"] = summary.steps_completed
+            notifier["reason"] = summary.error.encode("ascii", "replace")[:40]
 
     # ---- the tail ----
     if not writer.forward_written:      # the forward submission failed: keep what staging holds
@@ -296,12 +359,11 @@ def _run_on(req, profile, steps, backend, cache, inp, c0, ckpt_path, writer, res
         publications=summary.publications, backend=backend.code,
         wall_ns=int(summary.wall_s * 1e9), predictions=views.predictions.copy(),
         compute_capability=dev.compute_capability, driver_version=dev.driver_version,
-        checkpoint_sha256=np.frombuffer(last_published_sha, np.uint8),
+        checkpoint_sha256=np.frombuffer(publisher.sha256, np.uint8),
         device_name=dev.name.encode("ascii", "replace")[:24])
     writer.write_tail(stat=stat,
                       loss_block=views.bytes_at(L.LOSS_BLOCK, L.LOSS_BLOCK_BYTES),
-                      final_part=views.bytes_at(L.record_final_offset(profile),
-                                                L.record_final_bytes(profile)),
+                      final_part=views.bytes_at(fin_off, L.record_final_bytes(profile)),
                       semaphores=views.bytes_at(L.SEMAPHORES, L.SEMAPHORE_REGION_BYTES),
                       error_notifier=views.bytes_at(L.ERROR_NOTIFIER, L.ERROR_NOTIFIER_BYTES),
                       status=status, timestamps=ring.entries().tobytes())

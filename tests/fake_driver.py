@@ -120,6 +120,9 @@ class FakeDriver:
     def cuMemcpyDtoHAsync(self, dst, src, n, s):
         return self._op(lambda: ctypes.memmove(int(dst), self.to_host(int(src)), n))
 
+    def cuMemcpyDtoDAsync(self, dst, src, n, s):
+        return self._op(lambda: ctypes.memmove(self.to_host(int(dst)), self.to_host(int(src)), n))
+
     def cuMemsetD8Async(self, dst, value, n, s):
         return self._op(lambda: ctypes.memset(self.to_host(int(dst)), value, n))
 
