@@ -170,3 +170,29 @@ def test_refuses_cuda_without_gpu(tmp_path):
                          "--result", tmp_path / "result.bin"))
     assert "interpret" in line
     assert not (tmp_path / "result.bin").exists()
+
+
+def test_a_failed_publication_is_a_host_error_with_the_tail_written(tmp_path, monkeypatch):
+    """The publisher thread's error reaches the run loop: outcome host error (0x10003 in the
+    notifier), the checkpoint path untouched, the result file complete."""
+    from host import checkpoint
+    from host.result_file import read
+    from host.run import Request, run
+    from staging import records as R
+
+    def refuse(*args, **kwargs):
+        raise checkpoint.CheckpointWriteFailed("checkpoint: no space left on device (ENOSPC)")
+
+    monkeypatch.setattr(checkpoint, "publish_chunks", refuse)
+    (tmp_path / "tiny.ckpt").write_bytes(b"")
+    summary = run(Request(profile=TINY, checkpoint=tmp_path / "tiny.ckpt",
+                          result=tmp_path / "r.bin", backend="interpret",
+                          directory=tmp_path / "run", steps=1))
+    assert summary.outcome == R.OUTCOME_HOST_ERROR and summary.exit_code == 4
+    rf = read(tmp_path / "r.bin")
+    assert int(rf.status["outcome"]) == R.OUTCOME_HOST_ERROR
+    assert int(rf.status["steps_completed"]) == 1 and int(rf.status["publications"]) == 0
+    assert int(rf.error_notifier["info32"]) == R.INFO_HOST_IO
+    assert b"no space left" in bytes(rf.error_notifier["reason"])
+    assert (tmp_path / "tiny.ckpt").stat().st_size == 0
+    assert int(rf.timestamps[-1]["submission"]) == 2     # the final submission still ran
