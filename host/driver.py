@@ -171,9 +171,11 @@ class Module:
 
     def __init__(self, ptx: bytes, name: str):
         if not ptx.endswith(b"\0"):
-            ptx = ptx + b"\0"
+            ptx = ptx + b"\0"          # the driver reads PTX as a NUL-terminated string
         self.name = name
-        self.handle = check(cu().cuModuleLoadData(ptx), f"cuModuleLoadData({name})")
+        image = ctypes.create_string_buffer(ptx, len(ptx))
+        self.handle = check(cu().cuModuleLoadData(ctypes.addressof(image)),
+                            f"cuModuleLoadData({name})")
 
     def function(self, entry: str):
         return check(cu().cuModuleGetFunction(self.handle, entry.encode()),

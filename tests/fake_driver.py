@@ -128,7 +128,7 @@ class FakeDriver:
 
     # ---- modules
     def cuModuleLoadData(self, image):
-        text = bytes(image).rstrip(b"\0").decode("ascii")
+        text = ctypes.string_at(int(image)).decode("ascii")   # a NUL-terminated image address
         if not text.startswith("//") and ".version" not in text:
             return (CUresult.CUDA_ERROR_INVALID_VALUE, None)
         entries = set(re.findall(r"\.entry\s+(\w+)", text))
