@@ -50,13 +50,14 @@ def buffers(profile) -> dict[str, BufferSpec]:
     specs = [
         BufferSpec("pmv", "fp32", (3, N), "P plane at 0, M at N, V at 2N (the checkpoint payload)"),
         BufferSpec("grad", "fp32", (N,), "flat gradient of mean(ce), P-plane layout"),
-        BufferSpec("w16", "bf16", (N,), "bf16 copy of P (matrices are read by the matmuls)"),
+        BufferSpec("w16", "bf16", (N,), "bf16 copy of P (the matmuls' weights; AdamW leaves E and "
+                   "the gains stale: nothing reads them as bf16)"),
         BufferSpec("emb", "fp32", (T, D), "gathered embedding rows E[inputs]"),
         BufferSpec("resid", "fp32", (S, T, D), "residual stream entering each norm site"),
         BufferSpec("rstd", "fp32", (S + 1, T), "1/rms per row: embed norm, then each norm site"),
         BufferSpec("h16", "bf16", (S, T, D), "bf16 norm outputs (hf with g_final at the last)"),
-        BufferSpec("qkv32", "fp32", (T, W), "q|k|v before rotary (scratch, one layer)"),
-        BufferSpec("qkv16", "bf16", (L, T, W), "q'|k'|v after rotary, per layer"),
+        BufferSpec("rope", "fp32", (T, profile.head_dim), "rotary table [cos | sin] per row (embed_fwd)"),
+        BufferSpec("qkv16", "bf16", (L, T, W), "q'|k'|v after rotary, per layer (matmul_rotary)"),
         BufferSpec("o16", "bf16", (L, T, Hd), "attention output, matmul operand"),
         BufferSpec("o32", "fp32", (L, T, Hd), "attention output, for delta = rowsum(do·o)"),
         BufferSpec("lse", "fp32", (L, H, T), "attention log-sum-exp per head and row"),
@@ -70,8 +71,7 @@ def buffers(profile) -> dict[str, BufferSpec]:
         BufferSpec("dab16", "bf16", (T, 2 * F), "bf(da) | bf(db)"),
         BufferSpec("do32", "fp32", (T, Hd), "gradient at the attention output"),
         BufferSpec("delta", "fp32", (H, T), "rowsum(do·o) per head"),
-        BufferSpec("dqkv32", "fp32", (T, W), "dq'|dk'|dv before the inverse rotary"),
-        BufferSpec("dqkv16", "bf16", (T, W), "bf(dq|dk|dv)"),
+        BufferSpec("dqkv16", "bf16", (T, W), "bf(dq|dk|dv), inverse rotary applied by the attention backward"),
         BufferSpec("de", "fp32", (T, D), "gradient at the gathered embedding rows"),
         BufferSpec("next_row", "i32", (T,), "next row with the same input token (T if none)"),
     ]

@@ -156,22 +156,25 @@ class Tuning:
     adamw_warps: int
     vocab_block: int                             # embed_grad vocabulary rows per program
     next_rows: int
-    rotary_rows: int
     gain_cols: int
     gain_rows: int
     copy_block: int = 1024
+    swiglu_bwd_tiles: tuple[tuple[int, int], ...] = ()   # SwiGLU-backward tiles ((): mm_tiles)
 
 
 H200 = Tuning(mm_tiles=((128, 128), (128, 64), (64, 64)), mm_min_programs=120, mm_block_k=64,
               mm_warps=8, mm_stages=3, rows=4, rows_warps=4, attn_m=64, attn_n=64, attn_warps=4,
               ce_rows=1, ce_warps=16, adamw_block=2048, adamw_warps=8, vocab_block=16,
-              next_rows=32, rotary_rows=8, gain_cols=32, gain_rows=64)
+              next_rows=32, gain_cols=32, gain_rows=64,
+              # 128×128 spilled 360 B (ptxas -v: 255 registers, the epilogue holds dz, a, b, σ);
+              # 128×64 keeps it in registers
+              swiglu_bwd_tiles=((128, 64), (64, 64)))
 # tiny keeps GPU-valid shapes (≤ 128 KiB shared memory: sm_80's 163 KiB and sm_90's 227 KiB hold
 # it) while the interpreter sees few programs: 128×128×128 matmul tiles, one stage.
 INTERPRETER = Tuning(mm_tiles=((128, 128),), mm_min_programs=1, mm_block_k=128, mm_warps=8,
                      mm_stages=1, rows=128, rows_warps=8, attn_m=128, attn_n=128, attn_warps=8,
                      ce_rows=32, ce_warps=8, adamw_block=16384, adamw_warps=8, vocab_block=64,
-                     next_rows=64, rotary_rows=64, gain_cols=128, gain_rows=128)
+                     next_rows=64, gain_cols=128, gain_rows=128)
 TUNING = {"coppelius": H200, "tiny": INTERPRETER}
 
 
@@ -232,19 +235,59 @@ class _Plan:
         return Launch(RELEASE, "", RELEASE, (1, 1, 1), args, (), 1, 1,
                       "prelaunch_release" if which == SL.SLOT_PRELAUNCH_RELEASE else "final_release")
 
-    def matmul(self, a, b, c, aux, M, N, K, a_t, b_t, epilogue, label):
+    def tile(self, M, N, tiles=None, heads=1):
+        """(BLOCK_M, BLOCK_N, programs): the first candidate with enough programs; `heads` > 1
+        keeps only tiles whose columns hold whole heads (fused per-head epilogues)."""
         tu = self.tu
-        for bm, bn in tu.mm_tiles:
+        fits = [(bm, bn) for bm, bn in (tiles or tu.mm_tiles) if bn % heads == 0]
+        if not fits:
+            raise ValueError(f"no matmul tile holds whole heads of {heads} columns")
+        for bm, bn in fits:
             programs = -(-M // bm) * -(-N // bn)
             if programs >= tu.mm_min_programs:
                 break
+        return bm, bn, programs
+
+    def mm_shape(self, bm, bn):
+        """(num_warps, num_stages) of a matmul tile: small tiles get 4 warps and one more stage."""
+        tu = self.tu
         stages = tu.mm_stages if bm * bn > 64 * 64 or tu.mm_stages == 1 else tu.mm_stages + 1
+        return (tu.mm_warps if bm * bn > 64 * 64 else 4), stages
+
+    def matmul(self, a, b, c, aux, M, N, K, a_t, b_t, epilogue, label):
+        tu = self.tu
+        tiles = tu.swiglu_bwd_tiles if epilogue == meta.EPI_SWIGLU_BWD else None
+        bm, bn, programs = self.tile(M, N, tiles)
         return _launch("plan.kernels.matmul", "matmul", (programs,),
                        {"a_ptr": a, "b_ptr": b, "c_ptr": c, "aux_ptr": aux,
                         "M": self.i32(M), "N": self.i32(N), "K": self.i32(K)},
                        {"A_T": bool(a_t), "B_T": bool(b_t), "EPILOGUE": epilogue,
                         "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": tu.mm_block_k, "GROUP_M": 8},
-                       tu.mm_warps if bm * bn > 64 * 64 else 4, stages, label)
+                       *self.mm_shape(bm, bn), label)
+
+    def matmul_rotary(self, h, w, qkv, label):
+        """qkv16 = bf(rotary(bf(h) @ bf(Wq|Wk|Wv)ᵀ)): the qkv product with rotary in its epilogue."""
+        p = self.p
+        M, N, K = self.T, self.W, self.D
+        bm, bn, programs = self.tile(M, N, heads=p.head_dim)
+        return _launch("plan.kernels.matmul", "matmul_rotary", (programs,),
+                       {"h_ptr": h, "w_ptr": w, "qkv_ptr": qkv, "rope_ptr": self.buf("rope"),
+                        "M": self.i32(M), "N": self.i32(N), "K": self.i32(K)},
+                       {"ROTATED": p.heads + p.kv_heads, "HEAD_DIM": p.head_dim,
+                        "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": self.tu.mm_block_k, "GROUP_M": 8},
+                       *self.mm_shape(bm, bn), label)
+
+    def matmul_delta(self, dres16, wo, do, o32, delta, label):
+        """do = bf(dres) @ bf(Wo) (fp32) and delta = rowsum(do·o) per head in the epilogue."""
+        p = self.p
+        M, N, K = self.T, p.q_width, self.D
+        bm, bn, programs = self.tile(M, N, heads=p.head_dim)
+        return _launch("plan.kernels.matmul", "matmul_delta", (programs,),
+                       {"a_ptr": dres16, "b_ptr": wo, "do_ptr": do, "o_ptr": o32, "delta_ptr": delta,
+                        "M": self.i32(M), "N": self.i32(N), "K": self.i32(K)},
+                       {"HEAD_DIM": p.head_dim, "BLOCK_M": bm, "BLOCK_N": bn,
+                        "BLOCK_K": self.tu.mm_block_k, "GROUP_M": 8},
+                       *self.mm_shape(bm, bn), label)
 
     def matmul_swiglu(self, h, wg, wu, ab, z, label):
         tu = self.tu
@@ -261,9 +304,6 @@ class _Plan:
 
     def rows_grid(self, rows):
         return (-(-self.T // rows),)
-
-    def norm_consts(self):
-        return {"D": self.D, "BLOCK_R": self.tu.rows, "BLOCK_D": _pow2(self.D)}
 
     def rmsnorm_fwd(self, x, g, h, rstd, has_gain, label):
         return _launch("plan.kernels.norms", "rmsnorm_fwd", self.rows_grid(self.tu.rows),
@@ -308,23 +348,17 @@ class _Plan:
                         "table_ptr": self.param("embed"),
                         "g_ptr": self.param("g_embed"), "emb_ptr": self.buf("emb"),
                         "rstd_ptr": self.rstd(None), "x_ptr": self.slab("resid", 0),
-                        "T": self.i32(T)},
-                       self.norm_consts(), tu.rows_warps, 1, "embed")]
+                        "rope_ptr": self.buf("rope"), "T": self.i32(T)},
+                       {"D": self.D, "HEAD_DIM": p.head_dim, "BLOCK_R": tu.rows,
+                        "BLOCK_D": _pow2(self.D)}, tu.rows_warps, 1, "embed")]
         for l in range(p.layers):
             L = f"layers.{l}."
             s_attn, s_mlp = 2 * l, 2 * l + 1
             out.append(self.rmsnorm_fwd(self.slab("resid", s_attn), self.param("g_embed"),
                                         self.slab("h16", s_attn), self.rstd(s_attn), False,
                                         L + "qkv.norm"))
-            out.append(self.matmul(self.slab("h16", s_attn), self.param(L + "wq", "w16"),
-                                   self.buf("qkv32"), self.buf("qkv32"), T, W, D, 0, 1,
-                                   meta.EPI_F32, L + "qkv"))
-            out.append(_launch("plan.kernels.rotary", "rotary", (-(-T // tu.rotary_rows),),
-                               {"src_ptr": self.buf("qkv32"), "dst_ptr": self.slab("qkv16", l),
-                                "T": self.i32(T)},
-                               {"ROTATED": p.heads + p.kv_heads, "HEADS": p.heads + 2 * p.kv_heads,
-                                "HEAD_DIM": p.head_dim, "INVERSE": False,
-                                "BLOCK_R": tu.rotary_rows}, 4, 1, L + "rotary"))
+            out.append(self.matmul_rotary(self.slab("h16", s_attn), self.param(L + "wq", "w16"),
+                                          self.slab("qkv16", l), L + "qkv+rotary"))
             out.append(_launch("plan.kernels.attention", "attention_fwd",
                                (T // tu.attn_m, p.heads),
                                {"qkv_ptr": self.slab("qkv16", l), "o16_ptr": self.slab("o16", l),
@@ -393,28 +427,18 @@ class _Plan:
             # attention
             out.append(self.matmul(self.buf("dres16"), self.slab("o16", l), self.param(L + "wo", "grad"),
                                    self.buf("dn"), D, Hd, T, 1, 0, meta.EPI_F32, L + "out_proj_backward.dWo"))
-            out.append(self.matmul(self.buf("dres16"), self.param(L + "wo", "w16"), self.buf("do32"),
-                                   self.buf("do32"), T, Hd, D, 0, 0, meta.EPI_F32, L + "out_proj_backward.do"))
-            out.append(_launch("plan.kernels.attention", "attention_bwd_delta", self.rows_grid(tu.rows),
-                               {"do_ptr": self.buf("do32"), "o_ptr": self.slab("o32", l),
-                                "delta_ptr": self.buf("delta"), "T": self.i32(T)},
-                               {"HEADS": p.heads, "HEAD_DIM": p.head_dim, "BLOCK_R": tu.rows},
-                               tu.rows_warps, 1, L + "attention_backward.delta"))
+            out.append(self.matmul_delta(self.buf("dres16"), self.param(L + "wo", "w16"), self.buf("do32"),
+                                         self.slab("o32", l), self.buf("delta"),
+                                         L + "out_proj_backward.do+delta"))
             bwd_args = {"qkv_ptr": self.slab("qkv16", l), "do_ptr": self.buf("do32"),
                         "lse_ptr": self.slab("lse", l), "delta_ptr": self.buf("delta"),
-                        "dqkv_ptr": self.buf("dqkv32"), "T": self.i32(T)}
+                        "rope_ptr": self.buf("rope"), "dqkv_ptr": self.buf("dqkv16"), "T": self.i32(T)}
             out.append(_launch("plan.kernels.attention", "attention_bwd_dkdv",
                                (T // tu.attn_n, p.kv_heads), bwd_args, self.attention_consts(),
                                tu.attn_warps, 2, L + "attention_backward.dkdv"))
             out.append(_launch("plan.kernels.attention", "attention_bwd_dq",
                                (T // tu.attn_m, p.heads), bwd_args, self.attention_consts(),
                                tu.attn_warps, 2, L + "attention_backward.dq"))
-            out.append(_launch("plan.kernels.rotary", "rotary", (-(-T // tu.rotary_rows),),
-                               {"src_ptr": self.buf("dqkv32"), "dst_ptr": self.buf("dqkv16"),
-                                "T": self.i32(T)},
-                               {"ROTATED": p.heads + p.kv_heads, "HEADS": p.heads + 2 * p.kv_heads,
-                                "HEAD_DIM": p.head_dim, "INVERSE": True,
-                                "BLOCK_R": tu.rotary_rows}, 4, 1, L + "rotary_backward"))
             out.append(self.matmul(self.buf("dqkv16"), self.slab("h16", s_attn), self.param(L + "wq", "grad"),
                                    self.buf("dn"), W, D, T, 1, 0, meta.EPI_F32, L + "qkv_backward.dW"))
             out.append(self.matmul(self.buf("dqkv16"), self.param(L + "wq", "w16"), self.buf("dn"),
@@ -451,8 +475,10 @@ class _Plan:
         f32 = lambda x: float(np.float32(x))                                     # noqa: E731
         frac = lambda r: r.numerator / r.denominator                             # noqa: E731
         one_minus = lambda r: (r.denominator - r.numerator) / r.denominator      # noqa: E731
+        embed = p.parameter("embed")
         consts = {"GAIN0_START": gains[0].offset, "GAIN0_END": gains[0].end,
                   "GAIN1_START": gains[1].offset, "GAIN1_END": gains[1].end,
+                  "EMBED_START": embed.offset, "EMBED_END": embed.end,
                   "LR": frac(lr.lr), "BETA1_F64": frac(lr.beta1), "BETA2_F64": frac(lr.beta2),
                   "DECAY": f32((lr.lr.denominator * lr.decay.denominator
                                 - lr.lr.numerator * lr.decay.numerator)

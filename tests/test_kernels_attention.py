@@ -1,5 +1,6 @@
 """Issue #7: flash attention forward and backward in Triton's interpreter against the reference
-stages: grouped heads, causal mask, several block shapes, outputs poisoned, runs repeat bitwise."""
+stages: grouped heads, causal mask, several block shapes, outputs poisoned, runs repeat bitwise;
+the backward's epilogues apply rotary_backward and round to bf16 (the qkv_backward operands)."""
 from __future__ import annotations
 
 import math
@@ -11,14 +12,16 @@ from kernels_support import (ONE_BF16_ULP, assert_close, assert_written, bf16_te
 
 import torch
 from plan import reference as ref
-from plan.kernels.attention import (attention_bwd_delta, attention_bwd_dkdv, attention_bwd_dq,
-                                    attention_fwd)
+from plan.kernels.attention import attention_bwd_dkdv, attention_bwd_dq, attention_fwd
 
 # Flash attention rounds bf(exp(s − m)) before normalizing (NUMERICS.md): ≤ 1 bf16 ulp of p.
 ATTENTION_OUT = ONE_BF16_ULP / 2       # measured worst 1.9e-3 of max|o|
 # The backward recomputes p in fp32 from lse and rounds ds and p to bf16 like the reference;
 # the remaining differences are lse's last bits and summation order.
 ATTENTION_GRAD = 1e-3                    # measured worst 1.4e-4 of max|grad|
+# The backward stores bf(rotary_backward(dq')) etc.: the fp32 difference above, then bf16 rounding
+# that may go the other way: one bf16 ulp of the largest element, plus ATTENTION_GRAD.
+ATTENTION_GRAD16 = ONE_BF16_ULP + ATTENTION_GRAD
 
 CASES = [  # T, H, G, d, BLOCK_M, BLOCK_N
     (192, 4, 2, 32, 64, 32),
@@ -68,25 +71,30 @@ def test_attention_backward_matches_stage(T, H, G, d, bm, bn):
     do = rng.standard_normal((T, H * d)).astype(np.float32)
     qkv16 = bf16_tensor(np.concatenate([q, k, v], axis=1))
     _, o32, lse = _forward(qkv16, T, H, G, d, bm, bn)
-    delta = poisoned((H, T))
-    attention_bwd_delta[(T // 32,)](torch.from_numpy(do), o32, delta, T, HEADS=H, HEAD_DIM=d,
-                                    BLOCK_R=32)
-    assert_written("delta", delta)
+    # delta = rowsum(do·o) per head (matmul_delta's epilogue forms it; tested with the matmuls)
+    delta = torch.from_numpy(np.ascontiguousarray(
+        (do * f32(o32)).reshape(T, H, d).sum(-1, dtype=np.float32).T))
+    cos, sin = ref.rotary_tables(type("P", (), {"context": T, "head_dim": d})())
+    rope = torch.from_numpy(np.concatenate([cos, sin], axis=1))
     W = (H + 2 * G) * d
     consts = dict(SCALE=float(ref.attention_scale(d)), HEADS=H, KV_HEADS=G, HEAD_DIM=d,
                   BLOCK_M=bm, BLOCK_N=bn)
     runs = []
     for _ in range(2):
-        dqkv = poisoned((T, W))
-        attention_bwd_dkdv[(T // bn, G)](qkv16, torch.from_numpy(do), lse, delta, dqkv, T, **consts)
-        attention_bwd_dq[(T // bm, H)](qkv16, torch.from_numpy(do), lse, delta, dqkv, T, **consts)
+        dqkv = poisoned((T, W), torch.bfloat16)
+        attention_bwd_dkdv[(T // bn, G)](qkv16, torch.from_numpy(do), lse, delta, rope, dqkv, T,
+                                         **consts)
+        attention_bwd_dq[(T // bm, H)](qkv16, torch.from_numpy(do), lse, delta, rope, dqkv, T,
+                                       **consts)
         assert_written("dqkv", dqkv)
         runs.append(dqkv)
     assert torch.equal(runs[0], runs[1]), "attention backward differs between identical runs"
     at = ref.attention(q, k, v, d)
     dq, dk, dv = ref.attention_backward(do, q, k, v, f32(o32), at.p, d)
     got = f32(runs[0])
-    assert_close("delta", f32(delta), (do * f32(o32)).reshape(T, H, d).sum(-1).T, 1e-6)
-    assert_close("dq", got[:, :H * d], dq, ATTENTION_GRAD)
-    assert_close("dk", got[:, H * d:(H + G) * d], dk, ATTENTION_GRAD)
-    assert_close("dv", got[:, (H + G) * d:], dv, ATTENTION_GRAD)
+    # NUMERICS rotary_backward, then bf(): what qkv_backward multiplies
+    assert_close("bf(dq)", got[:, :H * d], ref.bf16(ref.rotary_backward(dq, cos, sin)),
+                 ATTENTION_GRAD16)
+    assert_close("bf(dk)", got[:, H * d:(H + G) * d], ref.bf16(ref.rotary_backward(dk, cos, sin)),
+                 ATTENTION_GRAD16)
+    assert_close("bf(dv)", got[:, (H + G) * d:], ref.bf16(dv), ATTENTION_GRAD16)

@@ -1,4 +1,5 @@
-"""Issue #7: the matmul kernels in Triton's interpreter against the reference stages, awkward shapes."""
+"""Issue #7: the matmul kernels in Triton's interpreter against the reference stages, awkward shapes;
+the fused epilogues (SwiGLU, rotary, delta) against the stages they replace."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,7 +10,7 @@ from kernels_support import (ONE_BF16_ULP, SAME_OPERANDS, assert_close, assert_w
 import torch
 from plan import reference as ref
 from plan.kernels import meta
-from plan.kernels.matmul import matmul, matmul_swiglu
+from plan.kernels.matmul import matmul, matmul_delta, matmul_rotary, matmul_swiglu
 
 RNG = np.random.default_rng(7)
 # awkward: no dimension a multiple of its block, so every mask is exercised
@@ -113,3 +114,45 @@ def test_matmul_swiglu_backward_epilogue():
     dh = f32(got) @ ref.bf16(np.concatenate([wg, wu]))
     want = ref.bf16(da) @ ref.bf16(wg) + ref.bf16(db) @ ref.bf16(wu)
     assert_close("dh", dh, want, 4 * ONE_BF16_ULP)
+
+
+@pytest.mark.parametrize("bn", [32, 64])           # one head or two per tile (d = 32)
+def test_matmul_rotary_is_qkv_then_rotary(bn):
+    H, G, d = 4, 2, 32
+    Tr, W, Dm = 1000, (H + 2 * G) * d, 80            # masked last row block; positions to 999
+    h = RNG.standard_normal((Tr, Dm)).astype(np.float32)
+    w = RNG.standard_normal((W, Dm)).astype(np.float32)  # Wq | Wk | Wv, [out, in]
+    cos, sin = ref.rotary_tables(type("P", (), {"context": Tr, "head_dim": d})())
+    rope = torch.from_numpy(np.concatenate([cos, sin], axis=1))
+    out = poisoned((Tr, W), torch.bfloat16)
+    matmul_rotary[(-(-Tr // 128) * (W // bn),)](bf16_tensor(h), bf16_tensor(w), out, rope, Tr, W, Dm,
+                                                ROTATED=H + G, HEAD_DIM=d, BLOCK_M=128, BLOCK_N=bn,
+                                                BLOCK_K=32, GROUP_M=2)
+    assert_written("qkv16", out)
+    # NUMERICS qkv then rotary: q = bf(h) @ bf(Wq)ᵀ (fp32), rotated, then bf() for attention
+    qkv = ref.bf16(h) @ ref.bf16(w).T
+    q, k, v = qkv[:, :H * d], qkv[:, H * d:(H + G) * d], qkv[:, (H + G) * d:]
+    got = f32(out)
+    assert_close("q'", got[:, :H * d], ref.bf16(ref.rotary(q, cos, sin)), ONE_BF16_ULP)
+    assert_close("k'", got[:, H * d:(H + G) * d], ref.bf16(ref.rotary(k, cos, sin)), ONE_BF16_ULP)
+    assert_close("v", got[:, (H + G) * d:], ref.bf16(v), ONE_BF16_ULP)
+
+
+def test_matmul_delta_is_out_proj_backward_do_and_delta():
+    H, d = 3, 32                                     # N = 96: the last column tile is half empty
+    Hd = H * d
+    dx = RNG.standard_normal((M, K)).astype(np.float32)              # dres (T, D)
+    wo = RNG.standard_normal((Hd, K)).astype(np.float32)             # Wo [out = D, in = H·d]ᵀ
+    o = RNG.standard_normal((M, Hd)).astype(np.float32)
+    wk = np.ascontiguousarray(wo.T)                                  # (K = D, N = H·d) as Wo is
+    do, delta = poisoned((M, Hd)), poisoned((H + 1, M))              # a spare head row: not written
+    matmul_delta[(-(-M // 32) * -(-Hd // 64),)](
+        bf16_tensor(dx), bf16_tensor(wk), do, torch.from_numpy(o), delta, M, Hd, K, HEAD_DIM=d,
+        BLOCK_M=32, BLOCK_N=64, BLOCK_K=32, GROUP_M=2)
+    assert_written("do", do)
+    assert_written("delta", delta[:H])
+    assert torch.isnan(delta[H:]).all(), "matmul_delta wrote a head past N/d"
+    want_do = ref.bf16(dx) @ ref.bf16(wk)
+    assert_close("do", f32(do), want_do, SAME_OPERANDS)
+    want_delta = (f32(do) * o).reshape(M, H, d).sum(-1).T
+    assert_close("delta", f32(delta[:H]), want_delta, 1e-6)

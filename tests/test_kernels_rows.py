@@ -1,4 +1,4 @@
-"""Issue #7: row kernels (norms, gains, rotary, cross-entropy, predictions, embedding backward,
+"""Issue #7: row kernels (norms, gains, the rotary table, cross-entropy, predictions, embedding backward,
 copy) in Triton's interpreter against the reference stages, at awkward sizes, outputs poisoned."""
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from plan.kernels.copy import copy_f32
 from plan.kernels.cross_entropy import cross_entropy, predictions
 from plan.kernels.embed_grad import embed_grad, token_next
 from plan.kernels.norms import embed_fwd, gain_grad, rmsnorm_bwd, rmsnorm_fwd
-from plan.kernels.rotary import rotary
 
 RNG = np.random.default_rng(11)
 T, D, V = 77, 96, 300          # awkward: T and V not multiples of their blocks, D not a power of 2
@@ -25,19 +24,25 @@ def _t(x):
     return torch.from_numpy(np.ascontiguousarray(x))
 
 
-def test_embed_fwd_is_the_embed_stage():
+def test_embed_fwd_is_the_embed_stage_and_writes_the_rotary_table():
     E = RNG.standard_normal((V, D)).astype(np.float32)
     g = (1 + 0.1 * RNG.standard_normal(D)).astype(np.float32)
     ids = RNG.integers(0, V, T).astype(np.uint32)
     ids[-1] = V - 1                                              # the last table row
+    d = 32
     emb, rstd, x = poisoned((T, D)), poisoned((T,)), poisoned((T, D))
-    embed_fwd[GRID](_t(ids.view(np.int32)), _t(E), _t(g), emb, rstd, x, T, **NORM)
-    for name, t in (("emb", emb), ("rstd", rstd), ("x", x)):
+    rope = poisoned((T + 3, d))                                  # rows past T stay unwritten
+    embed_fwd[GRID](_t(ids.view(np.int32)), _t(E), _t(g), emb, rstd, x, rope, T, HEAD_DIM=d, **NORM)
+    for name, t in (("emb", emb), ("rstd", rstd), ("x", x), ("rope", rope[:T])):
         assert_written(name, t)
+    assert torch.isnan(rope[T:]).all(), "embed_fwd wrote rope rows past T"
     want = ref.embed(E, g, ids.astype(np.int64))
     assert_close("e", f32(emb), want.e, 0.0)
     assert_close("r", f32(rstd), want.r, ELEMENTWISE)
     assert_close("x", f32(x), want.x, ELEMENTWISE)
+    cos, sin = ref.rotary_tables(type("P", (), {"context": T, "head_dim": d})())
+    assert_close("cos", f32(rope[:T, :d // 2]), cos, ELEMENTWISE)
+    assert_close("sin", f32(rope[:T, d // 2:]), sin, ELEMENTWISE)
 
 
 def test_rmsnorm_fwd_with_and_without_gain():
@@ -88,21 +93,6 @@ def test_gain_grad_is_a_fixed_order_row_sum():
     again = poisoned((D,))
     gain_grad[(-(-D // 32),)](_t(dy), _t(x), _t(r), again, T, D=D, BLOCK_R=16, BLOCK_D=32)
     assert torch.equal(dg, again), "gain_grad differs between two identical runs"
-
-
-def test_rotary_forward_and_inverse():
-    H, G, d = 4, 2, 32
-    Tr = 1000                                                  # masked last block; positions to 999
-    cos, sin = ref.rotary_tables(type("P", (), {"context": Tr, "head_dim": d})())
-    qkv = RNG.standard_normal((Tr, (H + 2 * G) * d)).astype(np.float32)
-    q, k, v = qkv[:, :H * d], qkv[:, H * d:(H + G) * d], qkv[:, (H + G) * d:]
-    for inverse, stage in ((False, ref.rotary), (True, ref.rotary_backward)):
-        out = poisoned(qkv.shape, torch.bfloat16)
-        rotary[(-(-Tr // 128),)](_t(qkv), out, Tr, ROTATED=H + G, HEADS=H + 2 * G, HEAD_DIM=d,
-                                INVERSE=inverse, BLOCK_R=128)
-        assert_written("rotary", out)
-        want = np.concatenate([stage(q, cos, sin), stage(k, cos, sin), v], axis=1)
-        assert_close(f"rotary inverse={inverse}", f32(out), ref.bf16(want), ONE_BF16_ULP)
 
 
 def test_cross_entropy_writes_ce_twice_and_bf16_dlogits():

@@ -185,13 +185,17 @@ def _work(launch, bufs) -> tuple[float, float, str]:
     c = dict(launch.constexprs)
     f = launch.function
     nbytes = lambda name: bufs[a[name].buffer].nbytes if hasattr(a[name], "buffer") else 0  # noqa
-    if f in ("matmul", "matmul_swiglu"):
+    if f.startswith("matmul"):
         M, N, K = a["M"].value, a["N"].value, a["K"].value
         n_b = 2 if f == "matmul_swiglu" else 1
         flops = 2 * M * N * K * n_b
-        out = M * N * (4 * 2 + 2 if f == "matmul_swiglu" else
-                       {0: 4, 1: 2, 2: 8, 3: 4 + 8}[c.get("EPILOGUE", 0)])
-        return flops, 2 * (M * K + n_b * N * K) + out, "mma"
+        # bytes per output element: stores and epilogue reads (rotary: bf16 out + the rope rows;
+        # delta: fp32 dO out, fp32 o in, one delta word per head row)
+        per = {"matmul_swiglu": 4 * 2 + 2, "matmul_rotary": 2, "matmul_delta": 4 + 4}.get(f) or \
+            {0: 4, 1: 2, 2: 8, 3: 4 + 8}[c.get("EPILOGUE", 0)]
+        extra = M * c["HEAD_DIM"] * 4 if f == "matmul_rotary" else \
+            M * N // c["HEAD_DIM"] * 4 if f == "matmul_delta" else 0
+        return flops, 2 * (M * K + n_b * N * K) + M * N * per + extra, "mma"
     if f.startswith("attention") and f != "attention_bwd_delta":
         T, H, d = a["T"].value, c["HEADS"], c["HEAD_DIM"]
         causal = T * T / 2 * H * d * 2
@@ -199,7 +203,9 @@ def _work(launch, bufs) -> tuple[float, float, str]:
         return causal * mult, T * (H + 2 * c["KV_HEADS"]) * d * 2 * 4, "mma"
     if f == "adamw":
         n = a["N"].value
-        return 0, n * (4 * 4 + 3 * 4 + 2), "stream"
+        no_w16 = (c["EMBED_END"] - c["EMBED_START"] + c["GAIN0_END"] - c["GAIN0_START"]
+                  + c["GAIN1_END"] - c["GAIN1_START"])
+        return 0, n * (4 * 4 + 3 * 4) + (n - no_w16) * 2, "stream"
     if f in ("cast_bf16", "copy_f32"):
         n = a["N"].value
         return 0, n * (6 if f == "cast_bf16" else 8), "stream"

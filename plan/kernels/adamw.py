@@ -4,7 +4,8 @@ weight copy; and the plain P → bf16 cast that refreshes the copy after a load 
 t = t_base + doorbell (NUMERICS.md): the bias corrections are formed per program in float64
 (β^t by binary exponentiation over t's bits), rounded once to fp32, then the element update runs
 in fp32 in NUMERICS order with IEEE division and square root.  Gains (two element ranges) are not
-decayed.
+decayed.  The bf16 copy is written only where a matmul reads it: not for the gains and not for the
+embedding table E (embed_fwd gathers fp32 rows) — 12.6 MB less traffic per production update.
 """
 import triton
 import triton.language as tl
@@ -25,6 +26,7 @@ def _pow_f64(base, t):
 def adamw(pmv_ptr, grad_ptr, w16_ptr, doorbell_ptr, t_base, N,
           GAIN0_START: tl.constexpr, GAIN0_END: tl.constexpr,
           GAIN1_START: tl.constexpr, GAIN1_END: tl.constexpr,
+          EMBED_START: tl.constexpr, EMBED_END: tl.constexpr,
           LR: tl.constexpr, BETA1_F64: tl.constexpr, BETA2_F64: tl.constexpr,
           DECAY: tl.constexpr, BETA1: tl.constexpr, ONE_MINUS_BETA1: tl.constexpr,
           BETA2: tl.constexpr, ONE_MINUS_BETA2: tl.constexpr, EPS: tl.constexpr,
@@ -49,7 +51,8 @@ def adamw(pmv_ptr, grad_ptr, w16_ptr, doorbell_ptr, t_base, N,
     tl.store(pmv_ptr + offs, p, mask=mask)
     tl.store(pmv_ptr + N + offs, m, mask=mask)
     tl.store(pmv_ptr + 2 * N + offs, v, mask=mask)
-    tl.store(w16_ptr + offs, p.to(tl.bfloat16), mask=mask)
+    embed = (offs >= EMBED_START) & (offs < EMBED_END)
+    tl.store(w16_ptr + offs, p.to(tl.bfloat16), mask=mask & ~(gain | embed))
 
 
 @triton.jit

@@ -3,12 +3,16 @@
 Row layout of qkv (T, (H + 2G)·d): q heads at h·d, k heads at (H + g)·d, v heads at (H + G + g)·d;
 query head h reads kv head h // (H/G).  The forward normalizes at the end (NUMERICS.md: its bf16
 rounding of p differs from bf(softmax) by ≤ 1 ulp of p) and saves lse = m + log(l) per row.
-Backward (FlashAttention-2 split): delta = rowsum(do·o); dK/dV: one program per kv block and kv
-head, looping over the query heads that share it in head order, then over the query blocks —
-the sum order is fixed, so the result is deterministic.  dQ: one program per query block and head.
+Backward (FlashAttention-2 split; delta = rowsum(do·o) comes from matmul_delta's epilogue):
+dK/dV: one program per kv block and kv head, looping over the query heads that share it in head
+order, then over the query blocks — the sum order is fixed, so the result is deterministic.  dQ: one program per query block and head.
+Both backward kernels own whole heads of their output rows, so their epilogues apply the inverse
+rotary (rotary_backward) and store bf(dq) | bf(dk) | bf(dv), the qkv_backward matmul operands.
 """
 import triton
 import triton.language as tl
+
+from plan.kernels.rotary import load_rope, rotate_tile
 
 
 @triton.jit
@@ -48,22 +52,11 @@ def attention_fwd(qkv_ptr, o16_ptr, o32_ptr, lse_ptr, T, SCALE: tl.constexpr, HE
 
 
 @triton.jit
-def attention_bwd_delta(do_ptr, o_ptr, delta_ptr, T, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                        BLOCK_R: tl.constexpr):
-    """delta (H, T) = Σ_d do·o per head and row (fp32 do and o)."""
-    offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    offs_d = tl.arange(0, HEAD_DIM)
-    for head in tl.static_range(HEADS):
-        offs = offs_r[:, None] * (HEADS * HEAD_DIM) + head * HEAD_DIM + offs_d[None, :]
-        prod = tl.load(do_ptr + offs) * tl.load(o_ptr + offs)
-        tl.store(delta_ptr + head * T + offs_r, tl.sum(prod, 1))
-
-
-@triton.jit
-def attention_bwd_dkdv(qkv_ptr, do_ptr, lse_ptr, delta_ptr, dqkv_ptr, T, SCALE: tl.constexpr,
+def attention_bwd_dkdv(qkv_ptr, do_ptr, lse_ptr, delta_ptr, rope_ptr, dqkv_ptr, T, SCALE: tl.constexpr,
                        HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """dk', dv (T, G·d) fp32 into dqkv's k and v columns; one program per (kv block, kv head)."""
+    """bf(dk) (dk' through rotary_backward) and bf(dv) (T, G·d) into dqkv's k and v columns (bf16);
+    one program per (kv block, kv head)."""
     W: tl.constexpr = (HEADS + 2 * KV_HEADS) * HEAD_DIM
     GROUP: tl.constexpr = HEADS // KV_HEADS
     pid_n = tl.program_id(0)
@@ -93,15 +86,18 @@ def attention_bwd_dkdv(qkv_ptr, do_ptr, lse_ptr, delta_ptr, dqkv_ptr, T, SCALE: 
             dpt = tl.dot(v, tl.trans(do))                                                  # (BN, BM)
             dst = pt * (dpt - delta[None, :]) * SCALE
             dk = tl.dot(dst.to(tl.bfloat16), tl.trans(qt), dk)
-    tl.store(dqkv_ptr + offs_n[:, None] * W + k_col + offs_d[None, :], dk)
-    tl.store(dqkv_ptr + offs_n[:, None] * W + v_col + offs_d[None, :], dv)
+    cos_t, sin_t = load_rope(rope_ptr, offs_n, T, HEAD_DIM)
+    dk = rotate_tile(dk, cos_t, sin_t, 0, 1, 1, HEAD_DIM, True)
+    tl.store(dqkv_ptr + offs_n[:, None] * W + k_col + offs_d[None, :], dk.to(tl.bfloat16))
+    tl.store(dqkv_ptr + offs_n[:, None] * W + v_col + offs_d[None, :], dv.to(tl.bfloat16))
 
 
 @triton.jit
-def attention_bwd_dq(qkv_ptr, do_ptr, lse_ptr, delta_ptr, dqkv_ptr, T, SCALE: tl.constexpr,
+def attention_bwd_dq(qkv_ptr, do_ptr, lse_ptr, delta_ptr, rope_ptr, dqkv_ptr, T, SCALE: tl.constexpr,
                      HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """dq' (T, H·d) fp32 into dqkv's q columns; one program per (query block, head)."""
+    """bf(dq) (dq' through rotary_backward) (T, H·d) into dqkv's q columns (bf16); one program per
+    (query block, head)."""
     W: tl.constexpr = (HEADS + 2 * KV_HEADS) * HEAD_DIM
     pid_m = tl.program_id(0)
     head = tl.program_id(1)
@@ -126,4 +122,6 @@ def attention_bwd_dq(qkv_ptr, do_ptr, lse_ptr, delta_ptr, dqkv_ptr, T, SCALE: tl
         dp = tl.dot(do, vt)
         ds = p * (dp - delta[:, None]) * SCALE
         dq = tl.dot(ds.to(tl.bfloat16), tl.trans(kt), dq)
-    tl.store(dqkv_ptr + offs_m[:, None] * W + head * HEAD_DIM + offs_d[None, :], dq)
+    cos_t, sin_t = load_rope(rope_ptr, offs_m, T, HEAD_DIM)
+    dq = rotate_tile(dq, cos_t, sin_t, 0, 1, 1, HEAD_DIM, True)
+    tl.store(dqkv_ptr + offs_m[:, None] * W + head * HEAD_DIM + offs_d[None, :], dq.to(tl.bfloat16))

@@ -5,13 +5,18 @@ One kernel covers every matrix product of the model through two layout flags:
   B_T = True:  B stored (N, K) row-major (a `[out, in]` weight read as Wᵀ)
   B_T = False: B stored (K, N) row-major
 so `h @ Wᵀ` is (A_T=0, B_T=1), `dY @ W` is (0, 0) and the weight gradient `dYᵀ @ h` is (1, 0).
-`matmul_swiglu` computes the gate and up products of one tile together and applies SwiGLU.
+`matmul_swiglu` computes the gate and up products of one tile together and applies SwiGLU;
+`matmul_rotary` is the qkv product with rotary in its epilogue (bf16 q'|k'|v out, no fp32 scratch);
+`matmul_delta` is out_proj_backward's dO product that also forms delta = rowsum(dO·o) per head.
+The epilogues fuse what used to be separate launches with the same fp32 operations in the same
+order, so the rounding points of NUMERICS.md do not move.
 Operands are rounded to bf16 on load (a no-op for bf16 buffers), exactly bf() of NUMERICS.md.
 """
 import triton
 import triton.language as tl
 
 from plan.kernels import meta
+from plan.kernels.rotary import load_rope, rotate_tile
 
 EPI_F32 = tl.constexpr(meta.EPI_F32)
 EPI_BF16 = tl.constexpr(meta.EPI_BF16)
@@ -55,6 +60,19 @@ def _load_b(b_ptr, offs_k, offs_n, N, K, B_T: tl.constexpr):
 
 
 @triton.jit
+def _accumulate(a_ptr, b_ptr, offs_m, offs_n, M, N, K, A_T: tl.constexpr, B_T: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """acc (BLOCK_M, BLOCK_N) fp32 = bf(A) @ bf(B) over the whole K, in increasing k."""
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        a = _load_a(a_ptr, offs_m, k0 + offs_k, M, K, A_T)
+        b = _load_b(b_ptr, k0 + offs_k, offs_n, N, K, B_T)
+        acc = tl.dot(a, b, acc)
+    return acc
+
+
+@triton.jit
 def matmul(a_ptr, b_ptr, c_ptr, aux_ptr, M, N, K,
            A_T: tl.constexpr, B_T: tl.constexpr, EPILOGUE: tl.constexpr,
            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -63,12 +81,7 @@ def matmul(a_ptr, b_ptr, c_ptr, aux_ptr, M, N, K,
     pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        a = _load_a(a_ptr, offs_m, k0 + offs_k, M, K, A_T)
-        b = _load_b(b_ptr, k0 + offs_k, offs_n, N, K, B_T)
-        acc = tl.dot(a, b, acc)
+    acc = _accumulate(a_ptr, b_ptr, offs_m, offs_n, M, N, K, A_T, B_T, BLOCK_M, BLOCK_N, BLOCK_K)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     if EPILOGUE == EPI_SWIGLU_BWD:
         # acc = dz; [a | b] saved by the forward; writes [bf(da) | bf(db)] (NUMERICS mlp_backward)
@@ -114,3 +127,42 @@ def matmul_swiglu(h_ptr, wg_ptr, wu_ptr, ab_ptr, z_ptr, M, N, K,
     tl.store(ab_ptr + row + N + offs_n[None, :], acc_b, mask=mask)
     z = tl.div_rn(acc_a, 1.0 + tl.exp(-acc_a)) * acc_b
     tl.store(z_ptr + offs_m[:, None] * N + offs_n[None, :], z.to(tl.bfloat16), mask=mask)
+
+
+@triton.jit
+def matmul_rotary(h_ptr, w_ptr, qkv_ptr, rope_ptr, M, N, K, ROTATED: tl.constexpr, HEAD_DIM: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  GROUP_M: tl.constexpr):
+    """qkv (M, N) bf16 = bf(rotary(bf(h) @ bf(W)ᵀ)): W = Wq|Wk|Wv (N = (H+2G)·d rows), the first
+    ROTATED heads (q and k) rotated (NUMERICS qkv + rotary), v cast; rope (M, d) = [cos | sin] per
+    row (embed_fwd writes it).  BLOCK_N holds whole heads."""
+    HEADS_IN_TILE: tl.constexpr = BLOCK_N // HEAD_DIM
+    pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = _accumulate(h_ptr, w_ptr, offs_m, offs_n, M, N, K, False, True, BLOCK_M, BLOCK_N, BLOCK_K)
+    c, s = load_rope(rope_ptr, offs_m, M, HEAD_DIM)                  # (BLOCK_M, d/2)
+    y = rotate_tile(acc, c, s, pid_n * HEADS_IN_TILE, ROTATED, HEADS_IN_TILE, HEAD_DIM, False)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    tl.store(qkv_ptr + offs_m[:, None] * N + offs_n[None, :], y.to(tl.bfloat16), mask=mask)
+
+
+@triton.jit
+def matmul_delta(a_ptr, b_ptr, do_ptr, o_ptr, delta_ptr, M, N, K, HEAD_DIM: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 GROUP_M: tl.constexpr):
+    """dO (M, N) fp32 = bf(A) @ bf(B) (A (M, K), B (K, N): dres @ Wo) and delta (N/d, M) =
+    Σ_d dO·o per head (o (M, N) fp32, NUMERICS attention_backward).  BLOCK_N holds whole heads."""
+    HEADS_IN_TILE: tl.constexpr = BLOCK_N // HEAD_DIM
+    pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = _accumulate(a_ptr, b_ptr, offs_m, offs_n, M, N, K, False, False, BLOCK_M, BLOCK_N, BLOCK_K)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    offs_c = offs_m[:, None] * N + offs_n[None, :]
+    tl.store(do_ptr + offs_c, acc, mask=mask)
+    prod = acc * tl.load(o_ptr + offs_c, mask=mask, other=0.0)
+    delta = tl.sum(tl.reshape(prod, (BLOCK_M, HEADS_IN_TILE, HEAD_DIM)), 2)   # (BLOCK_M, heads)
+    heads = pid_n * HEADS_IN_TILE + tl.arange(0, HEADS_IN_TILE)
+    tl.store(delta_ptr + heads[None, :] * M + offs_m[:, None], delta,
+             mask=(offs_m[:, None] < M) & (heads[None, :] < N // HEAD_DIM))

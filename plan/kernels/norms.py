@@ -9,6 +9,7 @@ import triton
 import triton.language as tl
 
 from plan.kernels import meta
+from plan.kernels.rotary import store_rope
 
 RMS_EPS = tl.constexpr(meta.RMS_EPS)
 
@@ -21,9 +22,10 @@ def _rstd(x, D: tl.constexpr):
 
 
 @triton.jit
-def embed_fwd(ids_ptr, table_ptr, g_ptr, emb_ptr, rstd_ptr, x_ptr, T, D: tl.constexpr,
-              BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
-    """e = E[ids] (T, D) → emb = e, rstd = r(e), x = e·r·g (NUMERICS embed)."""
+def embed_fwd(ids_ptr, table_ptr, g_ptr, emb_ptr, rstd_ptr, x_ptr, rope_ptr, T, D: tl.constexpr,
+              HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    """e = E[ids] (T, D) → emb = e, rstd = r(e), x = e·r·g (NUMERICS embed); and the rotary table
+    rope (T, d) = [cos | sin] of the same rows, which the qkv and attention-backward epilogues read."""
     offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_d = tl.arange(0, BLOCK_D)
     mask_r = offs_r < T
@@ -36,6 +38,7 @@ def embed_fwd(ids_ptr, table_ptr, g_ptr, emb_ptr, rstd_ptr, x_ptr, T, D: tl.cons
     tl.store(emb_ptr + offs, e, mask=mask)
     tl.store(rstd_ptr + offs_r, r, mask=mask_r)
     tl.store(x_ptr + offs, (e * r[:, None]) * g[None, :], mask=mask)
+    store_rope(rope_ptr, offs_r, T, HEAD_DIM)
 
 
 @triton.jit
