@@ -138,6 +138,19 @@ class DeviceBuffer:
             self.handle = None
 
 
+def host_buffer(address: int, nbytes: int):
+    """A writable, zero-copy Python buffer over host memory the driver allocated.
+
+    cffi is the runtime dependency for this; where it is missing (the lent GPU image has none) a
+    ctypes array over the same address serves, equally zero-copy."""
+    try:
+        import cffi
+    except ImportError:
+        return (ctypes.c_char * nbytes).from_address(address)
+    ffi = cffi.FFI()
+    return ffi.buffer(ffi.cast("char *", address), nbytes)
+
+
 class MappedRegion:
     """Pinned host memory mapped into the device (`cuMemHostAlloc` with DEVICEMAP).
 
@@ -146,7 +159,6 @@ class MappedRegion:
     """
 
     def __init__(self, nbytes: int):
-        import cffi
         import numpy as np
         d = cu()
         flags = d.CU_MEMHOSTALLOC_DEVICEMAP | d.CU_MEMHOSTALLOC_PORTABLE
@@ -154,8 +166,7 @@ class MappedRegion:
         self.host_ptr = int(check(d.cuMemHostAlloc(nbytes, flags), "cuMemHostAlloc"))
         self.device_ptr = pointer(check(d.cuMemHostGetDevicePointer(self.host_ptr, 0),
                                         "cuMemHostGetDevicePointer"))
-        ffi = cffi.FFI()
-        self._buffer = ffi.buffer(ffi.cast("char *", self.host_ptr), nbytes)
+        self._buffer = host_buffer(self.host_ptr, nbytes)
         self.array = np.frombuffer(self._buffer, np.uint8)
 
     def close(self) -> None:

@@ -172,3 +172,17 @@ def test_a_surviving_marker_is_a_device_fault(fake, tmp_path):
     rf = read(tmp_path / "r.bin")
     assert int(rf.error_notifier["info32"]) == R.INFO_MARKER_SURVIVED
     assert np.asarray(rf.forward).tobytes()[:8] == L.RECORD_MARKER
+
+
+def test_host_buffer_is_zero_copy_with_and_without_cffi(monkeypatch):
+    import builtins
+    backing = ctypes.create_string_buffer(64)
+    addr = ctypes.addressof(backing)
+    for blocked in (False, True):
+        if blocked:
+            real_import = builtins.__import__
+            monkeypatch.setattr(builtins, "__import__", lambda name, *a, **k: (
+                (_ for _ in ()).throw(ImportError(name)) if name == "cffi" else real_import(name, *a, **k)))
+        view = np.frombuffer(drv.host_buffer(addr, 64), np.uint8)
+        view[-1] = 7 + blocked
+        assert backing.raw[-1] == 7 + blocked

@@ -5,10 +5,10 @@
 #   bash tools/gpu_check.sh            # on the device machine (carry .whl: see below)
 #   bash tools/gpu_check.sh --dry-run  # anywhere: print the steps it would take
 #
-# The device image has python3 with torch, triton, numpy, cuda-bindings and rich but not cffi: carry
-# it as a wheel in .whl/ (README of the device tool), e.g.
-#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-#     --platform manylinux_2_17_x86_64 -d .whl cffi==2.1.1 pycparser
+# The device image has python3 with torch, triton, numpy, cuda-bindings, rich, pytest and hypothesis
+# but not cffi: the driver wrapper then maps staging through ctypes (equally zero-copy).  Any other
+# missing package can travel as wheels in .whl/ (the device tool's README); the first step installs
+# them when the folder is there.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DRY=0; [ "${1:-}" = "--dry-run" ] && DRY=1
