@@ -265,13 +265,15 @@ class _Plan:
                         "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": tu.mm_block_k, "GROUP_M": 8},
                        *self.mm_shape(bm, bn), label)
 
-    def matmul_rotary(self, h, w, qkv, label):
-        """qkv16 = bf(rotary(bf(h) @ bf(Wq|Wk|Wv)ᵀ)): the qkv product with rotary in its epilogue."""
+    def matmul_rotary(self, x, w, qkv, h16, rstd, label):
+        """qkv16 = bf(rotary(bf(rmsnorm(x)) @ bf(Wq|Wk|Wv)ᵀ)): the norm in the prologue (h16, rstd
+        stored), rotary in the epilogue."""
         p = self.p
         M, N, K = self.T, self.W, self.D
         bm, bn, programs = self.tile(M, N, heads=p.head_dim)
         return _launch("plan.kernels.matmul", "matmul_rotary", (programs,),
-                       {"h_ptr": h, "w_ptr": w, "qkv_ptr": qkv, "rope_ptr": self.buf("rope"),
+                       {"x_ptr": x, "w_ptr": w, "qkv_ptr": qkv, "rope_ptr": self.buf("rope"),
+                        "h16_ptr": h16, "rstd_ptr": rstd,
                         "M": self.i32(M), "N": self.i32(N), "K": self.i32(K)},
                        {"ROTATED": p.heads + p.kv_heads, "HEAD_DIM": p.head_dim,
                         "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": self.tu.mm_block_k, "GROUP_M": 8},
@@ -289,27 +291,29 @@ class _Plan:
                         "BLOCK_K": self.tu.mm_block_k, "GROUP_M": 8},
                        *self.mm_shape(bm, bn), label)
 
-    def matmul_swiglu(self, h, wg, wu, ab, z, label):
+    def matmul_swiglu(self, x, wg, wu, ab, z, h16, rstd, label):
+        """rmsnorm(x) in the prologue (h16, rstd stored), gate and up products, SwiGLU."""
         tu = self.tu
         M, N, K = self.T, self.F, self.D
-        for bm, bn in tu.mm_tiles:
-            programs = -(-M // bm) * -(-N // bn)
-            if programs >= tu.mm_min_programs:
-                break
+        bm, bn, programs = self.tile(M, N)
         return _launch("plan.kernels.matmul", "matmul_swiglu", (programs,),
-                       {"h_ptr": h, "wg_ptr": wg, "wu_ptr": wu, "ab_ptr": ab, "z_ptr": z,
+                       {"x_ptr": x, "wg_ptr": wg, "wu_ptr": wu, "ab_ptr": ab, "z_ptr": z,
+                        "h16_ptr": h16, "rstd_ptr": rstd,
                         "M": self.i32(M), "N": self.i32(N), "K": self.i32(K)},
                        {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": tu.mm_block_k, "GROUP_M": 8},
                        tu.mm_warps, tu.mm_stages, label)
 
+    def matmul_norm(self, x, g, w, c, h16, rstd, M, N, K, label):
+        """c = bf(rmsnorm(x)·g) @ bf(W)ᵀ (fp32), the norm in the prologue (h16, rstd stored)."""
+        bm, bn, programs = self.tile(M, N)
+        return _launch("plan.kernels.matmul", "matmul_norm", (programs,),
+                       {"x_ptr": x, "g_ptr": g, "w_ptr": w, "c_ptr": c, "h16_ptr": h16,
+                        "rstd_ptr": rstd, "M": self.i32(M), "N": self.i32(N), "K": self.i32(K)},
+                       {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": self.tu.mm_block_k, "GROUP_M": 8},
+                       *self.mm_shape(bm, bn), label)
+
     def rows_grid(self, rows):
         return (-(-self.T // rows),)
-
-    def rmsnorm_fwd(self, x, g, h, rstd, has_gain, label):
-        return _launch("plan.kernels.norms", "rmsnorm_fwd", self.rows_grid(self.tu.rows),
-                       {"x_ptr": x, "g_ptr": g, "h_ptr": h, "rstd_ptr": rstd, "T": self.i32(self.T)},
-                       {"D": self.D, "HAS_GAIN": has_gain, "BLOCK_R": self.tu.rows,
-                        "BLOCK_D": _pow2(self.D)}, self.tu.rows_warps, 1, label)
 
     def rmsnorm_bwd(self, dy, x, rstd, g, dx, dx16, has_gain, accumulate, write_bf16, label):
         return _launch("plan.kernels.norms", "rmsnorm_bwd", self.rows_grid(self.tu.rows),
@@ -354,11 +358,9 @@ class _Plan:
         for l in range(p.layers):
             L = f"layers.{l}."
             s_attn, s_mlp = 2 * l, 2 * l + 1
-            out.append(self.rmsnorm_fwd(self.slab("resid", s_attn), self.param("g_embed"),
-                                        self.slab("h16", s_attn), self.rstd(s_attn), False,
-                                        L + "qkv.norm"))
-            out.append(self.matmul_rotary(self.slab("h16", s_attn), self.param(L + "wq", "w16"),
-                                          self.slab("qkv16", l), L + "qkv+rotary"))
+            out.append(self.matmul_rotary(self.slab("resid", s_attn), self.param(L + "wq", "w16"),
+                                          self.slab("qkv16", l), self.slab("h16", s_attn),
+                                          self.rstd(s_attn), L + "norm+qkv+rotary"))
             out.append(_launch("plan.kernels.attention", "attention_fwd",
                                (T // tu.attn_m, p.heads),
                                {"qkv_ptr": self.slab("qkv16", l), "o16_ptr": self.slab("o16", l),
@@ -368,20 +370,18 @@ class _Plan:
             out.append(self.matmul(self.slab("o16", l), self.param(L + "wo", "w16"),
                                    self.slab("resid", s_mlp), self.slab("resid", s_attn),
                                    T, D, Hd, 0, 1, meta.EPI_RESIDUAL, L + "out_proj"))
-            out.append(self.rmsnorm_fwd(self.slab("resid", s_mlp), self.param("g_embed"),
-                                        self.slab("h16", s_mlp), self.rstd(s_mlp), False,
-                                        L + "mlp.norm"))
-            out.append(self.matmul_swiglu(self.slab("h16", s_mlp), self.param(L + "wgate", "w16"),
+            out.append(self.matmul_swiglu(self.slab("resid", s_mlp), self.param(L + "wgate", "w16"),
                                           self.param(L + "wup", "w16"), self.slab("ab", l),
-                                          self.slab("z16", l), L + "mlp.swiglu"))
+                                          self.slab("z16", l), self.slab("h16", s_mlp),
+                                          self.rstd(s_mlp), L + "mlp.norm+swiglu"))
             out.append(self.matmul(self.slab("z16", l), self.param(L + "wdown", "w16"),
                                    self.slab("resid", s_mlp + 1), self.slab("resid", s_mlp),
                                    T, D, F, 0, 1, meta.EPI_RESIDUAL, L + "mlp.down"))
         last = norm_points(p) - 1
-        out.append(self.rmsnorm_fwd(self.slab("resid", last), self.param("g_final"),
-                                    self.slab("h16", last), self.rstd(last), True, "final_norm"))
-        out.append(self.matmul(self.slab("h16", last), self.param("head", "w16"), self.buf("logits"),
-                               self.buf("logits"), T, self.V, D, 0, 1, meta.EPI_F32, "head"))
+        out.append(self.matmul_norm(self.slab("resid", last), self.param("g_final"),
+                                    self.param("head", "w16"), self.buf("logits"),
+                                    self.slab("h16", last), self.rstd(last), T, self.V, D,
+                                    "final_norm+head"))
         return out
 
     def backward(self) -> list[Launch]:
@@ -433,12 +433,9 @@ class _Plan:
             bwd_args = {"qkv_ptr": self.slab("qkv16", l), "do_ptr": self.buf("do32"),
                         "lse_ptr": self.slab("lse", l), "delta_ptr": self.buf("delta"),
                         "rope_ptr": self.buf("rope"), "dqkv_ptr": self.buf("dqkv16"), "T": self.i32(T)}
-            out.append(_launch("plan.kernels.attention", "attention_bwd_dkdv",
-                               (T // tu.attn_n, p.kv_heads), bwd_args, self.attention_consts(),
-                               tu.attn_warps, 2, L + "attention_backward.dkdv"))
-            out.append(_launch("plan.kernels.attention", "attention_bwd_dq",
-                               (T // tu.attn_m, p.heads), bwd_args, self.attention_consts(),
-                               tu.attn_warps, 2, L + "attention_backward.dq"))
+            out.append(_launch("plan.kernels.attention", "attention_bwd",
+                               (T // tu.attn_n * p.kv_heads + T // tu.attn_m * p.heads,), bwd_args,
+                               self.attention_consts(), tu.attn_warps, 2, L + "attention_backward"))
             out.append(self.matmul(self.buf("dqkv16"), self.slab("h16", s_attn), self.param(L + "wq", "grad"),
                                    self.buf("dn"), W, D, T, 1, 0, meta.EPI_F32, L + "qkv_backward.dW"))
             out.append(self.matmul(self.buf("dqkv16"), self.param(L + "wq", "w16"), self.buf("dn"),

@@ -12,7 +12,7 @@ from kernels_support import (ONE_BF16_ULP, assert_close, assert_written, bf16_te
 
 import torch
 from plan import reference as ref
-from plan.kernels.attention import attention_bwd_dkdv, attention_bwd_dq, attention_fwd
+from plan.kernels.attention import attention_bwd, attention_fwd
 
 # Flash attention rounds bf(exp(s − m)) before normalizing (NUMERICS.md): ≤ 1 bf16 ulp of p.
 ATTENTION_OUT = ONE_BF16_ULP / 2       # measured worst 1.9e-3 of max|o|
@@ -82,10 +82,8 @@ def test_attention_backward_matches_stage(T, H, G, d, bm, bn):
     runs = []
     for _ in range(2):
         dqkv = poisoned((T, W), torch.bfloat16)
-        attention_bwd_dkdv[(T // bn, G)](qkv16, torch.from_numpy(do), lse, delta, rope, dqkv, T,
-                                         **consts)
-        attention_bwd_dq[(T // bm, H)](qkv16, torch.from_numpy(do), lse, delta, rope, dqkv, T,
-                                       **consts)
+        attention_bwd[(T // bn * G + T // bm * H,)](qkv16, torch.from_numpy(do), lse, delta, rope,
+                                                     dqkv, T, **consts)
         assert_written("dqkv", dqkv)
         runs.append(dqkv)
     assert torch.equal(runs[0], runs[1]), "attention backward differs between identical runs"

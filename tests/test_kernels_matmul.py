@@ -1,16 +1,16 @@
 """Issue #7: the matmul kernels in Triton's interpreter against the reference stages, awkward shapes;
-the fused epilogues (SwiGLU, rotary, delta) against the stages they replace."""
+the fused prologue (rmsnorm) and epilogues (SwiGLU, rotary, delta) against the stages they replace."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from kernels_support import (ONE_BF16_ULP, SAME_OPERANDS, assert_close, assert_written, bf16_tensor,
-                             f32, poisoned)
+from kernels_support import (ELEMENTWISE, ONE_BF16_ULP, SAME_OPERANDS, assert_close, assert_written,
+                             bf16_tensor, f32, poisoned)
 
 import torch
 from plan import reference as ref
 from plan.kernels import meta
-from plan.kernels.matmul import matmul, matmul_delta, matmul_rotary, matmul_swiglu
+from plan.kernels.matmul import matmul, matmul_delta, matmul_norm, matmul_rotary, matmul_swiglu
 
 RNG = np.random.default_rng(7)
 # awkward: no dimension a multiple of its block, so every mask is exercised
@@ -80,18 +80,50 @@ def _swiglu_reference(D, F):
     return x, wg, wu, wd, ref.mlp(x, wg, wu, wd)
 
 
-def test_matmul_swiglu_is_the_mlp_stage():
-    D, F = 80, 72
+def _check_prologue(h16, rstd, x, g=None):
+    """The norm the prologue stored: rstd as rmsnorm's r, h16 = bf(x·r[·g]) bit for bit from it."""
+    assert_written("h16", h16)
+    assert_written("rstd", rstd)
+    y, r = ref.rmsnorm(x)
+    assert_close("rstd", f32(rstd), r, ELEMENTWISE)
+    want = y if g is None else ref.final_norm(x, g).hf
+    assert_close("h16 vs reference", f32(h16), ref.bf16(want), ONE_BF16_ULP)
+    mine = x * f32(rstd)[:, None]                                 # the kernel's own r, same fp32 ops
+    mine = mine if g is None else mine * g
+    assert np.array_equal(f32(h16), ref.bf16(mine)), "h16 is not bf(x·r[·g]) of the stored r"
+
+
+def test_matmul_swiglu_is_the_mlp_stage_with_the_norm_in_its_prologue():
+    D, F = 80, 72                                     # D = 2.5 K blocks: the masked prologue sum
     x, wg, wu, wd, m = _swiglu_reference(D, F)
     ab = poisoned((M, 2 * F))
     z = poisoned((M, F), torch.bfloat16)
-    matmul_swiglu[_grid(M, F)](bf16_tensor(m.h), bf16_tensor(wg), bf16_tensor(wu), ab, z, M, F, D,
-                               **BLOCKS)
+    h16, rstd = poisoned((M, D), torch.bfloat16), poisoned((M,))
+    matmul_swiglu[_grid(M, F)](torch.from_numpy(x), bf16_tensor(wg), bf16_tensor(wu), ab, z, h16, rstd,
+                               M, F, D, **BLOCKS)
     assert_written("ab", ab)
     assert_written("z", z)
-    assert_close("a", f32(ab)[:, :F], m.a, SAME_OPERANDS)
-    assert_close("b", f32(ab)[:, F:], m.b, SAME_OPERANDS)
-    assert_close("z", f32(z), ref.bf16(m.z), ONE_BF16_ULP)
+    _check_prologue(h16, rstd, x)
+    hb = f32(h16)                                     # the products of the stored operand
+    assert_close("a", f32(ab)[:, :F], hb @ ref.bf16(wg).T, SAME_OPERANDS)
+    assert_close("b", f32(ab)[:, F:], hb @ ref.bf16(wu).T, SAME_OPERANDS)
+    assert_close("a vs stage", f32(ab)[:, :F], m.a, ONE_BF16_ULP)
+    assert_close("z", f32(z), ref.bf16(m.z), 2 * ONE_BF16_ULP)
+
+
+def test_matmul_norm_is_final_norm_then_head():
+    Dm, Vh = 80, 72
+    x = (3 * RNG.standard_normal((M, Dm))).astype(np.float32)
+    g = (1 + 0.1 * RNG.standard_normal(Dm)).astype(np.float32)
+    w = RNG.standard_normal((Vh, Dm)).astype(np.float32)
+    logits = poisoned((M, Vh))
+    h16, rstd = poisoned((M, Dm), torch.bfloat16), poisoned((M,))
+    matmul_norm[_grid(M, Vh)](torch.from_numpy(x), torch.from_numpy(g), bf16_tensor(w), logits, h16,
+                              rstd, M, Vh, Dm, **BLOCKS)
+    assert_written("logits", logits)
+    _check_prologue(h16, rstd, x, g)
+    assert_close("logits", f32(logits), f32(h16) @ ref.bf16(w).T, SAME_OPERANDS)
+    assert_close("logits vs stage", f32(logits), ref.head(ref.final_norm(x, g).hf, w), ONE_BF16_ULP)
 
 
 def test_matmul_swiglu_backward_epilogue():
@@ -120,17 +152,20 @@ def test_matmul_swiglu_backward_epilogue():
 def test_matmul_rotary_is_qkv_then_rotary(bn):
     H, G, d = 4, 2, 32
     Tr, W, Dm = 1000, (H + 2 * G) * d, 80            # masked last row block; positions to 999
-    h = RNG.standard_normal((Tr, Dm)).astype(np.float32)
+    x = (2 * RNG.standard_normal((Tr, Dm))).astype(np.float32)      # the residual
     w = RNG.standard_normal((W, Dm)).astype(np.float32)  # Wq | Wk | Wv, [out, in]
     cos, sin = ref.rotary_tables(type("P", (), {"context": Tr, "head_dim": d})())
     rope = torch.from_numpy(np.concatenate([cos, sin], axis=1))
     out = poisoned((Tr, W), torch.bfloat16)
-    matmul_rotary[(-(-Tr // 128) * (W // bn),)](bf16_tensor(h), bf16_tensor(w), out, rope, Tr, W, Dm,
-                                                ROTATED=H + G, HEAD_DIM=d, BLOCK_M=128, BLOCK_N=bn,
-                                                BLOCK_K=32, GROUP_M=2)
+    h16, rstd = poisoned((Tr, Dm), torch.bfloat16), poisoned((Tr,))
+    matmul_rotary[(-(-Tr // 128) * (W // bn),)](torch.from_numpy(x), bf16_tensor(w), out, rope, h16,
+                                                rstd, Tr, W, Dm, ROTATED=H + G, HEAD_DIM=d,
+                                                BLOCK_M=128, BLOCK_N=bn, BLOCK_K=32, GROUP_M=2)
     assert_written("qkv16", out)
-    # NUMERICS qkv then rotary: q = bf(h) @ bf(Wq)ᵀ (fp32), rotated, then bf() for attention
-    qkv = ref.bf16(h) @ ref.bf16(w).T
+    _check_prologue(h16, rstd, x)
+    # NUMERICS qkv then rotary: q = bf(h) @ bf(Wq)ᵀ (fp32), rotated, then bf() for attention;
+    # h as the prologue stored it (its rounding is checked above)
+    qkv = f32(h16) @ ref.bf16(w).T
     q, k, v = qkv[:, :H * d], qkv[:, H * d:(H + G) * d], qkv[:, (H + G) * d:]
     got = f32(out)
     assert_close("q'", got[:, :H * d], ref.bf16(ref.rotary(q, cos, sin)), ONE_BF16_ULP)

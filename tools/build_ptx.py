@@ -195,11 +195,15 @@ def _work(launch, bufs) -> tuple[float, float, str]:
             {0: 4, 1: 2, 2: 8, 3: 4 + 8}[c.get("EPILOGUE", 0)]
         extra = M * c["HEAD_DIM"] * 4 if f == "matmul_rotary" else \
             M * N // c["HEAD_DIM"] * 4 if f == "matmul_delta" else 0
-        return flops, 2 * (M * K + n_b * N * K) + M * N * per + extra, "mma"
-    if f.startswith("attention") and f != "attention_bwd_delta":
+        # rmsnorm in the prologue: A is the fp32 residual, read twice (row sums, then the operand),
+        # and h16 (bf16) + rstd are stored once
+        a_bytes = M * K * (4 + 4 + 2) + M * 4 if f in ("matmul_rotary", "matmul_swiglu", "matmul_norm") \
+            else 2 * M * K
+        return flops, a_bytes + 2 * n_b * N * K + M * N * per + extra, "mma"
+    if f.startswith("attention"):
         T, H, d = a["T"].value, c["HEADS"], c["HEAD_DIM"]
         causal = T * T / 2 * H * d * 2
-        mult = {"attention_fwd": 2, "attention_bwd_dkdv": 4, "attention_bwd_dq": 3}[f]
+        mult = {"attention_fwd": 2, "attention_bwd": 4 + 3}[f]    # backward: dK/dV 4, dQ 3
         return causal * mult, T * (H + 2 * c["KV_HEADS"]) * d * 2 * 4, "mma"
     if f == "adamw":
         n = a["N"].value

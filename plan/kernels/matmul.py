@@ -7,6 +7,9 @@ One kernel covers every matrix product of the model through two layout flags:
 so `h @ Wᵀ` is (A_T=0, B_T=1), `dY @ W` is (0, 0) and the weight gradient `dYᵀ @ h` is (1, 0).
 `matmul_swiglu` computes the gate and up products of one tile together and applies SwiGLU;
 `matmul_rotary` is the qkv product with rotary in its epilogue (bf16 q'|k'|v out, no fp32 scratch);
+`matmul_norm` is the head product.  These three take the fp32 residual rows and apply rmsnorm in
+their prologue (no rmsnorm_fwd launch): each program sums its rows' squares first, then scales
+and rounds each A chunk as it loads it; the first column tile also stores h16 and rstd.
 `matmul_delta` is out_proj_backward's dO product that also forms delta = rowsum(dO·o) per head.
 The epilogues fuse what used to be separate launches with the same fp32 operations in the same
 order, so the rounding points of NUMERICS.md do not move.
@@ -16,6 +19,7 @@ import triton
 import triton.language as tl
 
 from plan.kernels import meta
+from plan.kernels.norms import RMS_EPS
 from plan.kernels.rotary import load_rope, rotate_tile
 
 EPI_F32 = tl.constexpr(meta.EPI_F32)
@@ -73,6 +77,34 @@ def _accumulate(a_ptr, b_ptr, offs_m, offs_n, M, N, K, A_T: tl.constexpr, B_T: t
 
 
 @triton.jit
+def _row_rstd(x_ptr, offs_m, M, K, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """r (BLOCK_M,) = 1/sqrt(mean(x²) + eps) of fp32 rows x (M, K), summed over K in BLOCK_K chunks
+    (a fixed order), IEEE division and square root as rmsnorm does."""
+    offs_k = tl.arange(0, BLOCK_K)
+    ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        mask = (offs_m[:, None] < M) & (k0 + offs_k[None, :] < K)
+        x = tl.load(x_ptr + offs_m[:, None] * K + k0 + offs_k[None, :], mask=mask, other=0.0)
+        ss += tl.sum(x * x, 1)
+    ms = tl.div_rn(ss, K.to(tl.float32))
+    return tl.div_rn(tl.full((), 1.0, tl.float32), tl.sqrt_rn(ms + RMS_EPS))
+
+
+@triton.jit
+def _load_normed(x_ptr, g_ptr, h16_ptr, r, offs_m, offs_k, M, K, HAS_GAIN: tl.constexpr, keep):
+    """bf(x·r [·g]) (BLOCK_M, BLOCK_K): the rmsnorm output chunk as a matmul operand (NUMERICS
+    rmsnorm / final_norm); rows where `keep` (BLOCK_M,) also store it to h16 (M, K) for the backward."""
+    mask = (offs_m[:, None] < M) & (offs_k[None, :] < K)
+    offs = offs_m[:, None] * K + offs_k[None, :]
+    y = tl.load(x_ptr + offs, mask=mask, other=0.0) * r[:, None]
+    if HAS_GAIN:
+        y = y * tl.load(g_ptr + offs_k, mask=offs_k < K, other=0.0)[None, :]
+    h = y.to(tl.bfloat16)
+    tl.store(h16_ptr + offs, h, mask=mask & keep[:, None])
+    return h
+
+
+@triton.jit
 def matmul(a_ptr, b_ptr, c_ptr, aux_ptr, M, N, K,
            A_T: tl.constexpr, B_T: tl.constexpr, EPILOGUE: tl.constexpr,
            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -107,18 +139,44 @@ def matmul(a_ptr, b_ptr, c_ptr, aux_ptr, M, N, K,
 
 
 @triton.jit
-def matmul_swiglu(h_ptr, wg_ptr, wu_ptr, ab_ptr, z_ptr, M, N, K,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                  GROUP_M: tl.constexpr):
-    """a = bf(h) @ bf(Wgate)ᵀ, b = bf(h) @ bf(Wup)ᵀ (M, N); ab = [a | b] (M, 2N) fp32; z = bf(silu(a)·b)."""
+def matmul_norm(x_ptr, g_ptr, w_ptr, c_ptr, h16_ptr, rstd_ptr, M, N, K,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                GROUP_M: tl.constexpr):
+    """c (M, N) fp32 = bf(rmsnorm(x)·g) @ bf(W)ᵀ: final_norm in the prologue, then head.  x (M, K)
+    fp32, g (K,); the programs of the first column tile also store h16 = bf(rmsnorm(x)·g) and
+    rstd (M,) for the backward."""
     pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
+    keep = offs_m * 0 + pid_n == 0        # (BLOCK_M,): a scalar mask trips Triton 3.9's interpreter
+    r = _row_rstd(x_ptr, offs_m, M, K, BLOCK_M, BLOCK_K)
+    tl.store(rstd_ptr + offs_m, r, mask=(offs_m < M) & keep)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        h = _load_normed(x_ptr, g_ptr, h16_ptr, r, offs_m, k0 + offs_k, M, K, True, keep)
+        acc = tl.dot(h, _load_b(w_ptr, k0 + offs_k, offs_n, N, K, True), acc)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    tl.store(c_ptr + offs_m[:, None] * N + offs_n[None, :], acc, mask=mask)
+
+
+@triton.jit
+def matmul_swiglu(x_ptr, wg_ptr, wu_ptr, ab_ptr, z_ptr, h16_ptr, rstd_ptr, M, N, K,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  GROUP_M: tl.constexpr):
+    """h = rmsnorm(x) in the prologue (x (M, K) fp32; the first column tile stores h16 and rstd);
+    a = bf(h) @ bf(Wgate)ᵀ, b = bf(h) @ bf(Wup)ᵀ (M, N); ab = [a | b] (M, 2N) fp32; z = bf(silu(a)·b)."""
+    pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    keep = offs_m * 0 + pid_n == 0        # (BLOCK_M,): a scalar mask trips Triton 3.9's interpreter
+    r = _row_rstd(x_ptr, offs_m, M, K, BLOCK_M, BLOCK_K)
+    tl.store(rstd_ptr + offs_m, r, mask=(offs_m < M) & keep)
     acc_a = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_b = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        h = _load_a(h_ptr, offs_m, k0 + offs_k, M, K, False)
+        h = _load_normed(x_ptr, x_ptr, h16_ptr, r, offs_m, k0 + offs_k, M, K, False, keep)
         acc_a = tl.dot(h, _load_b(wg_ptr, k0 + offs_k, offs_n, N, K, True), acc_a)
         acc_b = tl.dot(h, _load_b(wu_ptr, k0 + offs_k, offs_n, N, K, True), acc_b)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
@@ -130,17 +188,26 @@ def matmul_swiglu(h_ptr, wg_ptr, wu_ptr, ab_ptr, z_ptr, M, N, K,
 
 
 @triton.jit
-def matmul_rotary(h_ptr, w_ptr, qkv_ptr, rope_ptr, M, N, K, ROTATED: tl.constexpr, HEAD_DIM: tl.constexpr,
+def matmul_rotary(x_ptr, w_ptr, qkv_ptr, rope_ptr, h16_ptr, rstd_ptr, M, N, K,
+                  ROTATED: tl.constexpr, HEAD_DIM: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                   GROUP_M: tl.constexpr):
-    """qkv (M, N) bf16 = bf(rotary(bf(h) @ bf(W)ᵀ)): W = Wq|Wk|Wv (N = (H+2G)·d rows), the first
-    ROTATED heads (q and k) rotated (NUMERICS qkv + rotary), v cast; rope (M, d) = [cos | sin] per
-    row (embed_fwd writes it).  BLOCK_N holds whole heads."""
+    """qkv (M, N) bf16 = bf(rotary(bf(h) @ bf(W)ᵀ)), h = rmsnorm(x) in the prologue (x (M, K) fp32;
+    the first column tile stores h16 and rstd for the backward): W = Wq|Wk|Wv (N = (H+2G)·d rows),
+    the first ROTATED heads (q and k) rotated (NUMERICS qkv + rotary), v cast; rope (M, d) =
+    [cos | sin] per row (embed_fwd writes it).  BLOCK_N holds whole heads."""
     HEADS_IN_TILE: tl.constexpr = BLOCK_N // HEAD_DIM
     pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = _accumulate(h_ptr, w_ptr, offs_m, offs_n, M, N, K, False, True, BLOCK_M, BLOCK_N, BLOCK_K)
+    offs_k = tl.arange(0, BLOCK_K)
+    keep = offs_m * 0 + pid_n == 0        # (BLOCK_M,): a scalar mask trips Triton 3.9's interpreter
+    r = _row_rstd(x_ptr, offs_m, M, K, BLOCK_M, BLOCK_K)
+    tl.store(rstd_ptr + offs_m, r, mask=(offs_m < M) & keep)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        h = _load_normed(x_ptr, x_ptr, h16_ptr, r, offs_m, k0 + offs_k, M, K, False, keep)
+        acc = tl.dot(h, _load_b(w_ptr, k0 + offs_k, offs_n, N, K, True), acc)
     c, s = load_rope(rope_ptr, offs_m, M, HEAD_DIM)                  # (BLOCK_M, d/2)
     y = rotate_tile(acc, c, s, pid_n * HEADS_IN_TILE, ROTATED, HEADS_IN_TILE, HEAD_DIM, False)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)

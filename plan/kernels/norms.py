@@ -1,5 +1,6 @@
-"""Row norms: embedding gather + rmsnorm + gain, parameter-free rmsnorm (bf16 out), their backwards,
-and the gain gradients (a fixed-order column reduction over rows: no atomics).
+"""Row norms: embedding gather + rmsnorm + gain, the rmsnorm backward, and the gain gradients (a
+fixed-order column reduction over rows: no atomics).  The forward rmsnorm of the norm sites runs in
+the prologue of the matmul that consumes it (plan/kernels/matmul.py).
 
 One program owns BLOCK_R whole rows (BLOCK_D ≥ D covers a row), so every row statistic is a
 single in-register reduction.  y = x·r is recomputed from the saved x and r (same fp32 ops as the
@@ -39,24 +40,6 @@ def embed_fwd(ids_ptr, table_ptr, g_ptr, emb_ptr, rstd_ptr, x_ptr, rope_ptr, T, 
     tl.store(rstd_ptr + offs_r, r, mask=mask_r)
     tl.store(x_ptr + offs, (e * r[:, None]) * g[None, :], mask=mask)
     store_rope(rope_ptr, offs_r, T, HEAD_DIM)
-
-
-@triton.jit
-def rmsnorm_fwd(x_ptr, g_ptr, h_ptr, rstd_ptr, T, D: tl.constexpr, HAS_GAIN: tl.constexpr,
-                BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
-    """h = bf(x·r [·g]) (T, D) bf16, rstd = r (T,): the matmul operand of qkv / mlp / head."""
-    offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_r = offs_r < T
-    mask = mask_r[:, None] & (offs_d[None, :] < D)
-    offs = offs_r[:, None] * D + offs_d[None, :]
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
-    r = _rstd(x, D)
-    y = x * r[:, None]
-    if HAS_GAIN:
-        y = y * tl.load(g_ptr + offs_d, mask=offs_d < D, other=0.0)[None, :]
-    tl.store(h_ptr + offs, y.to(tl.bfloat16), mask=mask)
-    tl.store(rstd_ptr + offs_r, r, mask=mask_r)
 
 
 @triton.jit
