@@ -31,8 +31,12 @@ def plot(rf, path, floor: float | None = None) -> None:
                  f"{rf.steps:,}/{int(rf.status['steps_planned']):,} steps", fontsize=11)
     steps = np.arange(losses.size)
     if losses.size:
-        ax1.plot(steps, losses, lw=0.6, color="tab:blue", alpha=0.35, label="loss per step")
-        if losses.size >= 2 * SMOOTH_STEPS:
+        smooth = losses.size >= 2 * SMOOTH_STEPS
+        # a faint line under its running mean for long runs; a plain marked line for short ones
+        ax1.plot(steps, losses, lw=0.6 if smooth else 1.6, color="tab:blue",
+                 alpha=0.35 if smooth else 1.0, marker=None if smooth else "o", ms=3,
+                 label="loss per step")
+        if smooth:
             k = np.ones(SMOOTH_STEPS) / SMOOTH_STEPS
             ax1.plot(steps[SMOOTH_STEPS - 1:], np.convolve(losses, k, "valid"), lw=1.6,
                      color="tab:blue", label=f"mean of {SMOOTH_STEPS} steps")
@@ -44,7 +48,7 @@ def plot(rf, path, floor: float | None = None) -> None:
     ax1.set_title("loss")
     ax1.grid(alpha=0.3)
     if losses.size or floor is not None:
-        ax1.legend(loc="upper right", fontsize=9)
+        ax1.legend(loc="best", fontsize=9)
     if not losses.size:
         ax1.text(0.5, 0.5, "no completed steps", ha="center", va="center",
                  transform=ax1.transAxes)
