@@ -123,7 +123,6 @@ def make_backend(name: str, profile):
 def _resolve_paths(req: Request):
     """Default stream, checkpoint and result paths for `coppelius run` with no arguments."""
     from staging import synthetic
-    from staging.tokens import TokenCache
     tokens = req.tokens
     if tokens is None:
         tokens = synthetic.ensure_default_stream(req.profile, req.directory)
@@ -133,10 +132,14 @@ def _resolve_paths(req: Request):
         ckpt = req.directory / f"{req.profile.name}.ckpt"
         if not ckpt.exists():
             ckpt.touch()            # the embedded default starts fresh; a named path never does
-    return Path(tokens), Path(ckpt), TokenCache
+    if req.result is None:
+        req.directory.mkdir(parents=True, exist_ok=True)
+    return Path(tokens), Path(ckpt)
 
 
 def run(req: Request, progress: Progress | None = None) -> Summary:
+    from staging.tokens import TokenCache
+
     from . import checkpoint as ckpt_mod
     from .result_file import ResultWriter
 
@@ -145,7 +148,7 @@ def run(req: Request, progress: Progress | None = None) -> Summary:
     steps = profile.steps if req.steps is None else req.steps
     if not 0 < steps <= profile.steps:
         raise RunRefused(f"--steps {steps} is outside 1..{profile.steps}")
-    tokens_path, ckpt_path, TokenCache = _resolve_paths(req)
+    tokens_path, ckpt_path = _resolve_paths(req)
 
     ckpt_mod.open_input(ckpt_path, profile).close()  # refuse a missing or foreign path before locking
     with ckpt_mod.lock(ckpt_path), ckpt_mod.open_input(ckpt_path, profile) as inp:
