@@ -47,6 +47,18 @@ class Backend:
     def device(self) -> DeviceInfo:
         raise NotImplementedError
 
+    @staticmethod
+    def scalar_value(arg, t_base: int):
+        """A launch's scalar argument: a constant, or a run scalar (`t_base`, NUMERICS.md)."""
+        from plan import launches
+        if isinstance(arg, launches.Scalar):
+            return arg.value
+        if isinstance(arg, launches.RunScalar):
+            if arg.name != "t_base":
+                raise ValueError(f"unknown run scalar {arg.name!r}")
+            return int(t_base)
+        raise TypeError(f"unknown launch argument {arg!r}")
+
     # ---- payload: P plane, M plane, V plane (fp32), one contiguous device buffer ----
     def upload_chunk(self, offset: int, nbytes: int) -> None:
         """Copy nbytes from the staging transfer window to payload bytes [offset, offset+nbytes)."""

@@ -108,13 +108,7 @@ class CudaBackend(Backend):
             return self.buffers[arg.buffer].ptr + arg.byte_offset
         if isinstance(arg, _launches.StagingRef):
             return self.region.device_ptr + arg.offset
-        if isinstance(arg, _launches.Scalar):
-            return arg.value
-        if isinstance(arg, _launches.RunScalar):
-            if arg.name != "t_base":
-                raise ValueError(f"unknown run scalar {arg.name!r}")
-            return int(t_base)
-        raise TypeError(f"unknown launch argument {arg!r}")
+        return self.scalar_value(arg, t_base)
 
     def packed(self, launch, t_base: int):
         kernel = self.kernels[launch.kernel]

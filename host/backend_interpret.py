@@ -174,13 +174,7 @@ class InterpretBackend(Backend):
             size = _TORCH_DTYPES[arg.dtype].itemsize
             end = SL.REGION_BYTES - (SL.REGION_BYTES - arg.offset) % size
             return self._staging_bytes[arg.offset:end].view(_TORCH_DTYPES[arg.dtype])
-        if isinstance(arg, _launches.Scalar):
-            return arg.value
-        if isinstance(arg, _launches.RunScalar):
-            if arg.name != "t_base":
-                raise ValueError(f"unknown run scalar {arg.name!r}")
-            return int(t_base)
-        raise TypeError(f"unknown launch argument {arg!r}")
+        return self.scalar_value(arg, t_base)
 
     def instantiate(self, t_base: int) -> None:
         plans = []
