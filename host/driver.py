@@ -12,6 +12,7 @@ import ctypes
 from .backend import BackendUnavailable, DeviceError
 
 _cu = None
+NO_GPU_HINT = "on a machine without a GPU, `--profile tiny --backend interpret` runs the plan on the CPU"
 
 
 def cu():
@@ -68,14 +69,14 @@ class Device:
             check(d.cuInit(0), "cuInit")
         except DriverError as e:
             raise BackendUnavailable(f"no usable NVIDIA GPU: {e}",
-                                     "use --backend interpret on a machine without a GPU") from None
+                                     NO_GPU_HINT) from None
         except Exception as e:          # DynamicLibNotFoundError: no libcuda on this machine
             raise BackendUnavailable(f"no NVIDIA driver on this machine ({type(e).__name__})",
-                                     "use --backend interpret on a machine without a GPU") from None
+                                     NO_GPU_HINT) from None
         count = check(d.cuDeviceGetCount(), "cuDeviceGetCount")
         if count <= ordinal:
             raise BackendUnavailable(f"no CUDA device {ordinal} ({count} found)",
-                                     "use --backend interpret on a machine without a GPU")
+                                     NO_GPU_HINT)
         self.handle = check(d.cuDeviceGet(ordinal), "cuDeviceGet")
         self.driver_version = int(check(d.cuDriverGetVersion(), "cuDriverGetVersion"))
         raw = check(d.cuDeviceGetName(64, self.handle), "cuDeviceGetName")
