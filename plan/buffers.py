@@ -73,6 +73,6 @@ def buffers(profile) -> dict[str, BufferSpec]:
         BufferSpec("delta", "fp32", (H, T), "rowsum(do·o) per head"),
         BufferSpec("dqkv16", "bf16", (T, W), "bf(dq|dk|dv), inverse rotary applied by the attention backward"),
         BufferSpec("de", "fp32", (T, D), "gradient at the gathered embedding rows"),
-        BufferSpec("next_row", "i32", (T,), "next row with the same input token (T if none)"),
+        BufferSpec("next_row", "i32", (T,), "next row with the same input token (T if none), embed_fwd"),
     ]
     return {s.name: s for s in specs}

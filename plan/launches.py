@@ -155,7 +155,6 @@ class Tuning:
     adamw_block: int
     adamw_warps: int
     vocab_block: int                             # embed_grad vocabulary rows per program
-    next_rows: int
     gain_cols: int
     gain_rows: int
     copy_block: int = 1024
@@ -165,7 +164,7 @@ class Tuning:
 H200 = Tuning(mm_tiles=((128, 128), (128, 64), (64, 64)), mm_min_programs=120, mm_block_k=64,
               mm_warps=8, mm_stages=3, rows=4, rows_warps=4, attn_m=64, attn_n=64, attn_warps=4,
               ce_rows=1, ce_warps=16, adamw_block=2048, adamw_warps=8, vocab_block=16,
-              next_rows=32, gain_cols=32, gain_rows=64,
+              gain_cols=32, gain_rows=64,
               # 128×128 spilled 360 B (ptxas -v: 255 registers, the epilogue holds dz, a, b, σ);
               # 128×64 keeps it in registers
               swiglu_bwd_tiles=((128, 64), (64, 64)))
@@ -174,7 +173,7 @@ H200 = Tuning(mm_tiles=((128, 128), (128, 64), (64, 64)), mm_min_programs=120, m
 INTERPRETER = Tuning(mm_tiles=((128, 128),), mm_min_programs=1, mm_block_k=128, mm_warps=8,
                      mm_stages=1, rows=128, rows_warps=8, attn_m=128, attn_n=128, attn_warps=8,
                      ce_rows=32, ce_warps=8, adamw_block=16384, adamw_warps=8, vocab_block=64,
-                     next_rows=64, gain_cols=128, gain_rows=128)
+                     gain_cols=128, gain_rows=128)
 TUNING = {"coppelius": H200, "tiny": INTERPRETER}
 
 
@@ -352,9 +351,10 @@ class _Plan:
                         "table_ptr": self.param("embed"),
                         "g_ptr": self.param("g_embed"), "emb_ptr": self.buf("emb"),
                         "rstd_ptr": self.rstd(None), "x_ptr": self.slab("resid", 0),
-                        "rope_ptr": self.buf("rope"), "T": self.i32(T)},
+                        "rope_ptr": self.buf("rope"), "next_ptr": self.buf("next_row"),
+                        "T": self.i32(T)},
                        {"D": self.D, "HEAD_DIM": p.head_dim, "BLOCK_R": tu.rows,
-                        "BLOCK_D": _pow2(self.D)}, tu.rows_warps, 1, "embed")]
+                        "BLOCK_D": _pow2(self.D), "BLOCK_T": _pow2(T)}, tu.rows_warps, 1, "embed")]
         for l in range(p.layers):
             L = f"layers.{l}."
             s_attn, s_mlp = 2 * l, 2 * l + 1
@@ -450,9 +450,7 @@ class _Plan:
         out.append(self.rmsnorm_bwd(self.buf("dres"), self.buf("emb"), self.rstd(None),
                                     self.param("g_embed"), self.buf("de"), self.buf("de"),
                                     True, False, False, "embed_backward.norm"))
-        out.append(_launch("plan.kernels.embed_grad", "token_next", (-(-T // tu.next_rows),),
-                           {"ids_ptr": ids, "next_ptr": self.buf("next_row"), "T": self.i32(T)},
-                           {"BLOCK_R": tu.next_rows, "BLOCK_T": _pow2(T)}, 4, 1, "embed_backward.links"))
+        # the next-row links were written by embed_fwd (forward, same submission)
         out.append(_launch("plan.kernels.embed_grad", "embed_grad", (-(-V // tu.vocab_block),),
                            {"ids_ptr": ids, "next_ptr": self.buf("next_row"), "de_ptr": self.buf("de"),
                             "de_table_ptr": self.param("embed", "grad"), "T": self.i32(T),

@@ -10,7 +10,7 @@ import torch
 from plan import reference as ref
 from plan.kernels.copy import copy_f32
 from plan.kernels.cross_entropy import cross_entropy, predictions
-from plan.kernels.embed_grad import embed_grad, token_next
+from plan.kernels.embed_grad import embed_grad
 from plan.kernels.norms import embed_fwd, gain_grad, rmsnorm_bwd
 
 RNG = np.random.default_rng(11)
@@ -24,18 +24,45 @@ def _t(x):
     return torch.from_numpy(np.ascontiguousarray(x))
 
 
-def test_embed_fwd_is_the_embed_stage_and_writes_the_rotary_table():
+def _next_rows(ids: np.ndarray) -> np.ndarray:
+    """The links embed_grad walks, from their definition: next row with the same id, else T."""
+    want = np.full(len(ids), len(ids), np.int32)
+    last: dict[int, int] = {}
+    for r in range(len(ids) - 1, -1, -1):
+        want[r] = last.get(int(ids[r]), len(ids))
+        last[int(ids[r])] = r
+    return want
+
+
+def _links(ids: np.ndarray) -> torch.Tensor:
+    """next-row links as the plan makes them: by embed_fwd (a throwaway table and gain)."""
+    nxt = poisoned((T,), torch.int32)
+    embed_fwd[GRID](_t(ids.view(np.int32)), _t(np.ones((V, D), np.float32)), _t(np.ones(D, np.float32)),
+                    poisoned((T, D)), poisoned((T,)), poisoned((T, D)), poisoned((T, 32)), nxt, T,
+                    HEAD_DIM=32, BLOCK_T=128, **NORM)
+    assert_written("next", nxt)
+    return nxt
+
+
+def test_embed_fwd_is_the_embed_stage_and_writes_the_rotary_table_and_links():
     E = RNG.standard_normal((V, D)).astype(np.float32)
     g = (1 + 0.1 * RNG.standard_normal(D)).astype(np.float32)
     ids = RNG.integers(0, V, T).astype(np.uint32)
     ids[-1] = V - 1                                              # the last table row
     d = 32
     emb, rstd, x = poisoned((T, D)), poisoned((T,)), poisoned((T, D))
+    ids[3] = ids[40] = ids[T - 1]                                # a chain ending at the last row
     rope = poisoned((T + 3, d))                                  # rows past T stay unwritten
-    embed_fwd[GRID](_t(ids.view(np.int32)), _t(E), _t(g), emb, rstd, x, rope, T, HEAD_DIM=d, **NORM)
-    for name, t in (("emb", emb), ("rstd", rstd), ("x", x), ("rope", rope[:T])):
+    nxt = poisoned((T + 3,), torch.int32)
+    embed_fwd[GRID](_t(ids.view(np.int32)), _t(E), _t(g), emb, rstd, x, rope, nxt, T, HEAD_DIM=d,
+                    BLOCK_T=128, **NORM)
+    for name, t in (("emb", emb), ("rstd", rstd), ("x", x), ("rope", rope[:T]), ("next", nxt[:T])):
         assert_written(name, t)
     assert torch.isnan(rope[T:]).all(), "embed_fwd wrote rope rows past T"
+    assert (nxt[T:] == -1).all(), "embed_fwd wrote links past T"
+    want_next = _next_rows(ids)
+    bad = np.flatnonzero(nxt[:T].numpy() != want_next)
+    assert bad.size == 0, f"next-row link of row {bad[:1]}: {nxt[bad[:1]].tolist()} != {want_next[bad[:1]]}"
     want = ref.embed(E, g, ids.astype(np.int64))
     assert_close("e", f32(emb), want.e, 0.0)
     assert_close("r", f32(rstd), want.r, ELEMENTWISE)
@@ -114,9 +141,7 @@ def test_embed_grad_sums_rows_in_order_and_zeroes_absent_ids():
     de = RNG.standard_normal((T, D)).astype(np.float32)
     ids = RNG.integers(0, 40, T).astype(np.uint32)                # many repeats, most ids absent
     ids[5:9] = 7
-    nxt = poisoned((T,), torch.int32)
-    token_next[(-(-T // 16),)](_t(ids.view(np.int32)), nxt, T, BLOCK_R=16, BLOCK_T=128)
-    assert_written("next", nxt)
+    nxt = _links(ids)
     dE = poisoned((V, D))
     embed_grad[(-(-V // 16),)](_t(ids.view(np.int32)), nxt, _t(de), dE, T, V, D=D, BLOCK_V=16,
                                BLOCK_T=128, BLOCK_D=BLOCK_D)
@@ -135,8 +160,7 @@ def test_embed_backward_stage_end_to_end():
     de = poisoned((T, D))
     rmsnorm_bwd[GRID](_t(dx), _t(x), _t(r), _t(g), de, de, T, HAS_GAIN=True, ACCUMULATE=False,
                       WRITE_BF16=False, **NORM)
-    nxt = poisoned((T,), torch.int32)
-    token_next[(-(-T // 16),)](_t(ids.view(np.int32)), nxt, T, BLOCK_R=16, BLOCK_T=128)
+    nxt = _links(ids)
     dE = poisoned((V, D))
     embed_grad[(-(-V // 16),)](_t(ids.view(np.int32)), nxt, de, dE, T, V, D=D, BLOCK_V=16,
                                BLOCK_T=128, BLOCK_D=BLOCK_D)

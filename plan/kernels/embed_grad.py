@@ -1,7 +1,8 @@
 """Deterministic embedding backward: dE[id] = Σ de[r] over rows with inputs[r] = id, rows in
 increasing order (NUMERICS embed_backward), without atomics.
 
-`token_next` links each row to the next row holding the same token (T when none);
+`store_next_rows` (run inside embed_fwd) links each row to the next row holding the same token
+(T when none);
 `embed_grad` gives each program BLOCK_V vocabulary rows: it finds each id's first row, then
 walks the chains, adding de rows in increasing row order, and writes every dE row it owns
 (zeros for absent ids), so the whole E slice of the gradient is overwritten each step.
@@ -11,9 +12,9 @@ import triton.language as tl
 
 
 @triton.jit
-def token_next(ids_ptr, next_ptr, T, BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr):
-    """next[r] = min{r' > r : ids[r'] = ids[r]} or T, (T,) int32."""
-    offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+def store_next_rows(ids_ptr, next_ptr, offs_r, T, BLOCK_T: tl.constexpr):
+    """next[r] = min{r' > r : ids[r'] = ids[r]} or T for the rows offs_r, (T,) int32.  Called by
+    embed_fwd, which owns the same rows: one launch fewer than a separate links kernel."""
     offs_t = tl.arange(0, BLOCK_T)
     mask_r = offs_r < T
     ids_r = tl.load(ids_ptr + offs_r, mask=mask_r, other=0)

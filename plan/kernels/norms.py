@@ -1,4 +1,5 @@
-"""Row norms: embedding gather + rmsnorm + gain, the rmsnorm backward, and the gain gradients (a
+"""Row norms: embedding gather + rmsnorm + gain (also the rotary table and next-row links), the
+rmsnorm backward, and the gain gradients (a
 fixed-order column reduction over rows: no atomics).  The forward rmsnorm of the norm sites runs in
 the prologue of the matmul that consumes it (plan/kernels/matmul.py).
 
@@ -10,6 +11,7 @@ import triton
 import triton.language as tl
 
 from plan.kernels import meta
+from plan.kernels.embed_grad import store_next_rows
 from plan.kernels.rotary import store_rope
 
 RMS_EPS = tl.constexpr(meta.RMS_EPS)
@@ -23,10 +25,12 @@ def _rstd(x, D: tl.constexpr):
 
 
 @triton.jit
-def embed_fwd(ids_ptr, table_ptr, g_ptr, emb_ptr, rstd_ptr, x_ptr, rope_ptr, T, D: tl.constexpr,
-              HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+def embed_fwd(ids_ptr, table_ptr, g_ptr, emb_ptr, rstd_ptr, x_ptr, rope_ptr, next_ptr, T,
+              D: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+              BLOCK_T: tl.constexpr):
     """e = E[ids] (T, D) → emb = e, rstd = r(e), x = e·r·g (NUMERICS embed); and the rotary table
-    rope (T, d) = [cos | sin] of the same rows, which the qkv and attention-backward epilogues read."""
+    rope (T, d) = [cos | sin] of the same rows, which the qkv and attention-backward epilogues read;
+    and the next-row links (T,) int32 the embedding backward walks (BLOCK_T ≥ T)."""
     offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_d = tl.arange(0, BLOCK_D)
     mask_r = offs_r < T
@@ -40,6 +44,7 @@ def embed_fwd(ids_ptr, table_ptr, g_ptr, emb_ptr, rstd_ptr, x_ptr, rope_ptr, T, 
     tl.store(rstd_ptr + offs_r, r, mask=mask_r)
     tl.store(x_ptr + offs, (e * r[:, None]) * g[None, :], mask=mask)
     store_rope(rope_ptr, offs_r, T, HEAD_DIM)
+    store_next_rows(ids_ptr, next_ptr, offs_r, T, BLOCK_T)
 
 
 @triton.jit
