@@ -453,13 +453,12 @@ class _Plan:
         # the next-row links were written by embed_fwd (forward, same submission)
         out.append(_launch("plan.kernels.embed_grad", "embed_grad", (-(-V // tu.vocab_block),),
                            {"ids_ptr": ids, "next_ptr": self.buf("next_row"), "de_ptr": self.buf("de"),
-                            "de_table_ptr": self.param("embed", "grad"), "T": self.i32(T),
-                            "V": self.i32(V)},
-                           {"D": D, "BLOCK_V": tu.vocab_block, "BLOCK_T": _pow2(T),
-                            "BLOCK_D": _pow2(D)}, 4, 1, "embed_backward.dE"))
-        out.append(self.copy(self.param("embed", "grad"),
-                             StagingRef("loss_window(W1_EMBED_GRAD)", SL.loss_window(SL.W1_EMBED_GRAD)),
-                             SL.LOSS_WINDOW_WORDS, "w1"))
+                            "de_table_ptr": self.param("embed", "grad"),
+                            "w1_ptr": StagingRef("loss_window(W1_EMBED_GRAD)",
+                                                 SL.loss_window(SL.W1_EMBED_GRAD)),
+                            "T": self.i32(T), "V": self.i32(V)},
+                           {"D": D, "W1_WORDS": SL.LOSS_WINDOW_WORDS, "BLOCK_V": tu.vocab_block,
+                            "BLOCK_T": _pow2(T), "BLOCK_D": _pow2(D)}, 4, 1, "embed_backward.dE+w1"))
         return out
 
     def adamw(self) -> Launch:

@@ -18,6 +18,7 @@ T, D, V = 77, 96, 300          # awkward: T and V not multiples of their blocks,
 BLOCK_R, BLOCK_D = 16, 128
 GRID = (-(-T // BLOCK_R),)
 NORM = dict(D=D, BLOCK_R=BLOCK_R, BLOCK_D=BLOCK_D)
+W1_WORDS = 2000                # crosses from embed_grad's first program (16·96 words) into its second
 
 
 def _t(x):
@@ -143,12 +144,16 @@ def test_embed_grad_sums_rows_in_order_and_zeroes_absent_ids():
     ids[5:9] = 7
     nxt = _links(ids)
     dE = poisoned((V, D))
-    embed_grad[(-(-V // 16),)](_t(ids.view(np.int32)), nxt, _t(de), dE, T, V, D=D, BLOCK_V=16,
-                               BLOCK_T=128, BLOCK_D=BLOCK_D)
+    w1 = poisoned((W1_WORDS + 5,))                                # words past the window stay unwritten
+    embed_grad[(-(-V // 16),)](_t(ids.view(np.int32)), nxt, _t(de), dE, w1, T, V, D=D,
+                               W1_WORDS=W1_WORDS, BLOCK_V=16, BLOCK_T=128, BLOCK_D=BLOCK_D)
     assert_written("dE", dE)
     want = np.zeros((V, D), np.float32)
     np.add.at(want, ids.astype(np.int64), de)                     # sequential: increasing rows
     assert np.array_equal(f32(dE), want), "dE differs from the in-order row sums (bitwise)"
+    assert np.array_equal(f32(w1)[:W1_WORDS], want.reshape(-1)[:W1_WORDS]), \
+        "w1 is not dE's first words (bitwise)"
+    assert torch.isnan(w1[W1_WORDS:]).all(), "embed_grad wrote w1 past its window"
 
 
 def test_embed_backward_stage_end_to_end():
@@ -162,8 +167,8 @@ def test_embed_backward_stage_end_to_end():
                       WRITE_BF16=False, **NORM)
     nxt = _links(ids)
     dE = poisoned((V, D))
-    embed_grad[(-(-V // 16),)](_t(ids.view(np.int32)), nxt, de, dE, T, V, D=D, BLOCK_V=16,
-                               BLOCK_T=128, BLOCK_D=BLOCK_D)
+    embed_grad[(-(-V // 16),)](_t(ids.view(np.int32)), nxt, de, dE, poisoned((W1_WORDS,)), T, V, D=D,
+                               W1_WORDS=W1_WORDS, BLOCK_V=16, BLOCK_T=128, BLOCK_D=BLOCK_D)
     want, _ = ref.embed_backward(dx, y, r, g, ids.astype(np.int64), V)
     assert_close("dE", f32(dE), want, ELEMENTWISE)
 

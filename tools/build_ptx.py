@@ -214,7 +214,8 @@ def _work(launch, bufs) -> tuple[float, float, str]:
         n = a["N"].value
         return 0, n * (6 if f == "cast_bf16" else 8), "stream"
     if f == "embed_grad":
-        return 0, bufs["de"].nbytes + bufs["grad"].nbytes // 1 * 0 + a["V"].value * c["D"] * 4, "stream"
+        # de read, dE written, and the first W1_WORDS words again into the w1 window
+        return 0, bufs["de"].nbytes + a["V"].value * c["D"] * 4 + c["W1_WORDS"] * 4, "stream"
     if f == "cross_entropy":
         return 0, a["T"].value * c["V"] * 6, "stream"
     # row kernels: read and write (T, D)-sized operands

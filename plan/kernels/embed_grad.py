@@ -5,7 +5,8 @@ increasing order (NUMERICS embed_backward), without atomics.
 (T when none);
 `embed_grad` gives each program BLOCK_V vocabulary rows: it finds each id's first row, then
 walks the chains, adding de rows in increasing row order, and writes every dE row it owns
-(zeros for absent ids), so the whole E slice of the gradient is overwritten each step.
+(zeros for absent ids), so the whole E slice of the gradient is overwritten each step, and copies
+the first words to the w1 window.
 """
 import triton
 import triton.language as tl
@@ -26,9 +27,11 @@ def store_next_rows(ids_ptr, next_ptr, offs_r, T, BLOCK_T: tl.constexpr):
 
 
 @triton.jit
-def embed_grad(ids_ptr, next_ptr, de_ptr, de_table_ptr, T, V, D: tl.constexpr,
-               BLOCK_V: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
-    """dE (V, D) fp32 from de (T, D), ids (T,) u32 and the next-row links."""
+def embed_grad(ids_ptr, next_ptr, de_ptr, de_table_ptr, w1_ptr, T, V, D: tl.constexpr,
+               W1_WORDS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_T: tl.constexpr,
+               BLOCK_D: tl.constexpr):
+    """dE (V, D) fp32 from de (T, D), ids (T,) u32 and the next-row links; the programs that own
+    dE's first W1_WORDS words also store them to w1 (the staging window: one copy launch fewer)."""
     offs_v = tl.program_id(0) * BLOCK_V + tl.arange(0, BLOCK_V)
     offs_t = tl.arange(0, BLOCK_T)
     offs_d = tl.arange(0, BLOCK_D)
@@ -43,5 +46,8 @@ def embed_grad(ids_ptr, next_ptr, de_ptr, de_table_ptr, T, V, D: tl.constexpr,
         acc += tl.load(de_ptr + row[:, None] * D + offs_d[None, :],
                        mask=live[:, None] & mask_d[None, :], other=0.0)
         cur = tl.where(live, tl.load(next_ptr + row, mask=live, other=T), T)
-    tl.store(de_table_ptr + offs_v[:, None] * D + offs_d[None, :], acc,
-             mask=(offs_v < V)[:, None] & mask_d[None, :])
+    flat = offs_v[:, None] * D + offs_d[None, :]                    # (BLOCK_V, BLOCK_D) word index
+    mask = (offs_v < V)[:, None] & mask_d[None, :]
+    tl.store(de_table_ptr + flat, acc, mask=mask)
+    if tl.program_id(0) * BLOCK_V * D < W1_WORDS:
+        tl.store(w1_ptr + flat, acc, mask=mask & (flat < W1_WORDS))
