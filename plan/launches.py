@@ -322,12 +322,18 @@ class _Plan:
                         "WRITE_BF16": write_bf16, "BLOCK_R": self.tu.rows, "BLOCK_D": _pow2(self.D)},
                        self.tu.rows_warps, 1, label)
 
-    def gain_grad(self, dy, x, rstd, dg, label):
+    def rmsnorm_bwd_gain(self, dy, x, rstd, g, dx, dx16, dg, write_bf16, label):
+        """A gained norm's backward: dx (and dx16) by row blocks and dg by column blocks, side by
+        side in one grid (the two halves only read what they share)."""
         tu = self.tu
         cols = min(tu.gain_cols, _pow2(self.D))
-        return _launch("plan.kernels.norms", "gain_grad", (-(-self.D // cols),),
-                       {"dy_ptr": dy, "x_ptr": x, "rstd_ptr": rstd, "dg_ptr": dg, "T": self.i32(self.T)},
-                       {"D": self.D, "BLOCK_R": tu.gain_rows, "BLOCK_D": cols}, 4, 1, label)
+        grid = (self.rows_grid(tu.rows)[0] + -(-self.D // cols),)
+        return _launch("plan.kernels.norms", "rmsnorm_bwd_gain", grid,
+                       {"dy_ptr": dy, "x_ptr": x, "rstd_ptr": rstd, "g_ptr": g, "dx_ptr": dx,
+                        "dx16_ptr": dx16, "dg_ptr": dg, "T": self.i32(self.T)},
+                       {"D": self.D, "WRITE_BF16": write_bf16, "BLOCK_R": tu.rows,
+                        "BLOCK_D": _pow2(self.D), "GAIN_ROWS": tu.gain_rows, "GAIN_COLS": cols},
+                       tu.rows_warps, 1, label)
 
     def copy(self, src, dst, n, label):
         blk = self.tu.copy_block
@@ -402,11 +408,9 @@ class _Plan:
                                self.buf("dn"), V, D, T, 1, 0, meta.EPI_F32, "head_backward.dW"))
         out.append(self.matmul(self.buf("dlogits16"), self.param("head", "w16"), self.buf("dn"),
                                self.buf("dn"), T, D, V, 0, 0, meta.EPI_F32, "head_backward.dx"))
-        out.append(self.gain_grad(self.buf("dn"), self.slab("resid", last), self.rstd(last),
-                                  self.param("g_final", "grad"), "final_norm_backward.dg"))
-        out.append(self.rmsnorm_bwd(self.buf("dn"), self.slab("resid", last), self.rstd(last),
-                                    self.param("g_final"), self.buf("dres"), self.buf("dres16"),
-                                    True, False, True, "final_norm_backward"))
+        out.append(self.rmsnorm_bwd_gain(self.buf("dn"), self.slab("resid", last), self.rstd(last),
+                                         self.param("g_final"), self.buf("dres"), self.buf("dres16"),
+                                         self.param("g_final", "grad"), True, "final_norm_backward+dg"))
         for l in reversed(range(p.layers)):
             L = f"layers.{l}."
             s_attn, s_mlp = 2 * l, 2 * l + 1
@@ -445,11 +449,9 @@ class _Plan:
                                         False, True, True, L + "qkv_backward.norm"))
         # embedding
         ids = StagingRef("INPUTS", SL.INPUTS, "u32")
-        out.append(self.gain_grad(self.buf("dres"), self.buf("emb"), self.rstd(None),
-                                  self.param("g_embed", "grad"), "embed_backward.dg"))
-        out.append(self.rmsnorm_bwd(self.buf("dres"), self.buf("emb"), self.rstd(None),
-                                    self.param("g_embed"), self.buf("de"), self.buf("de"),
-                                    True, False, False, "embed_backward.norm"))
+        out.append(self.rmsnorm_bwd_gain(self.buf("dres"), self.buf("emb"), self.rstd(None),
+                                         self.param("g_embed"), self.buf("de"), self.buf("de"),
+                                         self.param("g_embed", "grad"), False, "embed_backward.norm+dg"))
         # the next-row links were written by embed_fwd (forward, same submission)
         out.append(_launch("plan.kernels.embed_grad", "embed_grad", (-(-V // tu.vocab_block),),
                            {"ids_ptr": ids, "next_ptr": self.buf("next_row"), "de_ptr": self.buf("de"),

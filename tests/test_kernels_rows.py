@@ -11,13 +11,15 @@ from plan import reference as ref
 from plan.kernels.copy import copy_f32
 from plan.kernels.cross_entropy import cross_entropy, predictions
 from plan.kernels.embed_grad import embed_grad
-from plan.kernels.norms import embed_fwd, gain_grad, rmsnorm_bwd
+from plan.kernels.norms import embed_fwd, rmsnorm_bwd, rmsnorm_bwd_gain
 
 RNG = np.random.default_rng(11)
 T, D, V = 77, 96, 300          # awkward: T and V not multiples of their blocks, D not a power of 2
 BLOCK_R, BLOCK_D = 16, 128
 GRID = (-(-T // BLOCK_R),)
 NORM = dict(D=D, BLOCK_R=BLOCK_R, BLOCK_D=BLOCK_D)
+GAIN = dict(GAIN_ROWS=16, GAIN_COLS=32)
+GAIN_GRID = (GRID[0] + -(-D // 32),)   # row programs, then column programs of the gain gradient
 W1_WORDS = 2000                # crosses from embed_grad's first program (16·96 words) into its second
 
 
@@ -79,15 +81,16 @@ def test_rmsnorm_bwd_variants_match_reference():
     dres = RNG.standard_normal((T, D)).astype(np.float32)
     g = (1 + 0.1 * RNG.standard_normal(D)).astype(np.float32)
     y, r = ref.rmsnorm(x)
-    # final norm: gain, no accumulation, bf16 copy
-    dx, dx16 = poisoned((T, D)), poisoned((T, D), torch.bfloat16)
-    rmsnorm_bwd[GRID](_t(dy), _t(x), _t(r), _t(g), dx, dx16, T, HAS_GAIN=True, ACCUMULATE=False,
-                      WRITE_BF16=True, **NORM)
-    want, _ = ref.final_norm_backward(dy, y, r, g)
-    assert_written("dx", dx)
-    assert_written("dx16", dx16)
+    # final norm: gain, no accumulation, bf16 copy, and the gain gradient beside it
+    dx, dx16, dg = poisoned((T, D)), poisoned((T, D), torch.bfloat16), poisoned((D,))
+    rmsnorm_bwd_gain[GAIN_GRID](_t(dy), _t(x), _t(r), _t(g), dx, dx16, dg, T, WRITE_BF16=True,
+                                **NORM, **GAIN)
+    want, want_dg = ref.final_norm_backward(dy, y, r, g)
+    for name, t in (("dx", dx), ("dx16", dx16), ("dg", dg)):
+        assert_written(name, t)
     assert_close("final_norm_backward", f32(dx), want, ELEMENTWISE)
     assert_close("bf16 copy", f32(dx16), ref.bf16(f32(dx)), 0.0)
+    assert_close("final_norm_backward.dg", f32(dg), want_dg, 1e-5)
     # inside a layer: no gain, accumulate into the residual gradient
     acc = _t(dres.copy())
     rmsnorm_bwd[GRID](_t(dy), _t(x), _t(r), _t(g), acc, poisoned((T, D), torch.bfloat16), T,
@@ -100,14 +103,20 @@ def test_gain_grad_is_a_fixed_order_row_sum():
     x = RNG.standard_normal((T, D)).astype(np.float32)
     dy = RNG.standard_normal((T, D)).astype(np.float32)
     y, r = ref.rmsnorm(x)
-    dg = poisoned((D,))
-    gain_grad[(-(-D // 32),)](_t(dy), _t(x), _t(r), dg, T, D=D, BLOCK_R=16, BLOCK_D=32)
+    ones = _t(np.ones(D, np.float32))
+
+    def run():
+        dg = poisoned((D + 3,))                                    # words past D stay unwritten
+        rmsnorm_bwd_gain[GAIN_GRID](_t(dy), _t(x), _t(r), ones, poisoned((T, D)), poisoned((1,)), dg,
+                                    T, WRITE_BF16=False, **NORM, **GAIN)
+        assert torch.isnan(dg[D:]).all(), "rmsnorm_bwd_gain wrote dg past D"
+        return dg[:D]
+
+    dg = run()
     assert_written("dg", dg)
     _, want = ref.final_norm_backward(dy, y, r, np.ones(D, np.float32))
     assert_close("dg", f32(dg), want, 1e-5)
-    again = poisoned((D,))
-    gain_grad[(-(-D // 32),)](_t(dy), _t(x), _t(r), again, T, D=D, BLOCK_R=16, BLOCK_D=32)
-    assert torch.equal(dg, again), "gain_grad differs between two identical runs"
+    assert torch.equal(dg, run()), "the gain gradient differs between two identical runs"
 
 
 def test_cross_entropy_writes_ce_twice_and_bf16_dlogits():
@@ -162,15 +171,16 @@ def test_embed_backward_stage_end_to_end():
     g = (1 + 0.1 * RNG.standard_normal(D)).astype(np.float32)
     ids = RNG.integers(0, V, T).astype(np.uint32)
     y, r = ref.rmsnorm(x)
-    de = poisoned((T, D))
-    rmsnorm_bwd[GRID](_t(dx), _t(x), _t(r), _t(g), de, de, T, HAS_GAIN=True, ACCUMULATE=False,
-                      WRITE_BF16=False, **NORM)
+    de, dg = poisoned((T, D)), poisoned((D,))
+    rmsnorm_bwd_gain[GAIN_GRID](_t(dx), _t(x), _t(r), _t(g), de, de, dg, T, WRITE_BF16=False,
+                                **NORM, **GAIN)
     nxt = _links(ids)
     dE = poisoned((V, D))
-    embed_grad[(-(-V // 16),)](_t(ids.view(np.int32)), nxt, de, dE, poisoned((W1_WORDS,)), T, V, D=D,
-                               W1_WORDS=W1_WORDS, BLOCK_V=16, BLOCK_T=128, BLOCK_D=BLOCK_D)
-    want, _ = ref.embed_backward(dx, y, r, g, ids.astype(np.int64), V)
+    embed_grad[(-(-V // 16),)](_t(ids.view(np.int32)), nxt, de, dE, poisoned((W1_WORDS,)), T, V,
+                               D=D, W1_WORDS=W1_WORDS, BLOCK_V=16, BLOCK_T=128, BLOCK_D=BLOCK_D)
+    want, want_dg = ref.embed_backward(dx, y, r, g, ids.astype(np.int64), V)
     assert_close("dE", f32(dE), want, ELEMENTWISE)
+    assert_close("embed_backward.dg", f32(dg), want_dg, 1e-5)
 
 
 def test_copy_f32_exact_and_bounded():

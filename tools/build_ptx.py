@@ -219,9 +219,14 @@ def _work(launch, bufs) -> tuple[float, float, str]:
     if f == "cross_entropy":
         return 0, a["T"].value * c["V"] * 6, "stream"
     # row kernels: read and write (T, D)-sized operands
-    touched = sum(bufs[v.buffer].nbytes // max(1, bufs[v.buffer].shape[0])
-                  if len(bufs[v.buffer].shape) == 3 else bufs[v.buffer].nbytes
-                  for v in a.values() if hasattr(v, "buffer") and v.buffer not in ("pmv", "grad", "w16"))
+    def size(v):
+        return bufs[v.buffer].nbytes // max(1, bufs[v.buffer].shape[0]) \
+            if len(bufs[v.buffer].shape) == 3 else bufs[v.buffer].nbytes
+
+    touched = sum(size(v) for v in a.values()
+                  if hasattr(v, "buffer") and v.buffer not in ("pmv", "grad", "w16"))
+    if f == "rmsnorm_bwd_gain":     # the gain-gradient programs read dy, x and r a second time
+        touched += sum(size(a[n]) for n in ("dy_ptr", "x_ptr", "rstd_ptr"))
     return 0, touched, "stream"
 
 

@@ -48,11 +48,10 @@ def embed_fwd(ids_ptr, table_ptr, g_ptr, emb_ptr, rstd_ptr, x_ptr, rope_ptr, nex
 
 
 @triton.jit
-def rmsnorm_bwd(dy_ptr, x_ptr, rstd_ptr, g_ptr, dx_ptr, dx16_ptr, T, D: tl.constexpr,
-                HAS_GAIN: tl.constexpr, ACCUMULATE: tl.constexpr, WRITE_BF16: tl.constexpr,
-                BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
-    """dx [+]= r·(dy' − y·mean(dy'·y)), dy' = dy [·g], y = x·r; optionally dx16 = bf(dx)."""
-    offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+def _rmsnorm_bwd_rows(pid, dy_ptr, x_ptr, rstd_ptr, g_ptr, dx_ptr, dx16_ptr, T, D: tl.constexpr,
+                      HAS_GAIN: tl.constexpr, ACCUMULATE: tl.constexpr, WRITE_BF16: tl.constexpr,
+                      BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    offs_r = pid * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_d = tl.arange(0, BLOCK_D)
     mask_r = offs_r < T
     mask = mask_r[:, None] & (offs_d[None, :] < D)
@@ -72,10 +71,9 @@ def rmsnorm_bwd(dy_ptr, x_ptr, rstd_ptr, g_ptr, dx_ptr, dx16_ptr, T, D: tl.const
 
 
 @triton.jit
-def gain_grad(dy_ptr, x_ptr, rstd_ptr, dg_ptr, T, D: tl.constexpr,
-              BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
-    """dg (D,) = Σ_rows dy·y, y = x·r; one program per column block, rows in a fixed order."""
-    offs_d = tl.program_id(0) * BLOCK_D + tl.arange(0, BLOCK_D)
+def _gain_cols(pid, dy_ptr, x_ptr, rstd_ptr, dg_ptr, T, D: tl.constexpr,
+               BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    offs_d = pid * BLOCK_D + tl.arange(0, BLOCK_D)
     mask_d = offs_d < D
     acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
     for r0 in range(0, T, BLOCK_R):
@@ -87,3 +85,29 @@ def gain_grad(dy_ptr, x_ptr, rstd_ptr, dg_ptr, T, D: tl.constexpr,
         y = tl.load(x_ptr + offs, mask=mask, other=0.0) * r[:, None]
         acc += tl.sum(tl.load(dy_ptr + offs, mask=mask, other=0.0) * y, 0)
     tl.store(dg_ptr + offs_d, acc, mask=mask_d)
+
+
+@triton.jit
+def rmsnorm_bwd(dy_ptr, x_ptr, rstd_ptr, g_ptr, dx_ptr, dx16_ptr, T, D: tl.constexpr,
+                HAS_GAIN: tl.constexpr, ACCUMULATE: tl.constexpr, WRITE_BF16: tl.constexpr,
+                BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    """dx [+]= r·(dy' − y·mean(dy'·y)), dy' = dy [·g], y = x·r; optionally dx16 = bf(dx)."""
+    _rmsnorm_bwd_rows(tl.program_id(0), dy_ptr, x_ptr, rstd_ptr, g_ptr, dx_ptr, dx16_ptr, T, D,
+                      HAS_GAIN, ACCUMULATE, WRITE_BF16, BLOCK_R, BLOCK_D)
+
+
+@triton.jit
+def rmsnorm_bwd_gain(dy_ptr, x_ptr, rstd_ptr, g_ptr, dx_ptr, dx16_ptr, dg_ptr, T, D: tl.constexpr,
+                     WRITE_BF16: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+                     GAIN_ROWS: tl.constexpr, GAIN_COLS: tl.constexpr):
+    """The gained norms' backward in one launch: the first cdiv(T, BLOCK_R) programs are
+    rmsnorm_bwd (HAS_GAIN, no accumulation), the next cdiv(D, GAIN_COLS) the gain gradient
+    dg (D,) = Σ_rows dy·y, y = x·r, rows in a fixed order (no atomics).  Both only read dy, x, r;
+    neither writes what the other reads."""
+    pid = tl.program_id(0)
+    row_programs = tl.cdiv(T, BLOCK_R)
+    if pid < row_programs:
+        _rmsnorm_bwd_rows(pid, dy_ptr, x_ptr, rstd_ptr, g_ptr, dx_ptr, dx16_ptr, T, D,
+                          True, False, WRITE_BF16, BLOCK_R, BLOCK_D)
+    else:
+        _gain_cols(pid - row_programs, dy_ptr, x_ptr, rstd_ptr, dg_ptr, T, D, GAIN_ROWS, GAIN_COLS)
