@@ -6,12 +6,12 @@ The sections, their order, sizes and record types are one table, `staging.result
     final part (V·4) | semaphore region (32 × 3) | error notifier (64) | status block (160) |
     timestamp table (64 × issues)
 
-How the reader recovers profile, steps and issues from nothing but the file: for each profile,
-R = size − (every section at s = i = 0) must be 4096·s + 64·i with s, i ≥ 0.  Since 4096 = 64·64, every
-s in 0..R//4096 gives one i, and with it one position for the status block (size − 64·i − 160).
-A position is *consistent* when it holds the magic `COPPSTAT` and the block's own steps_completed
-and gpPut equal s and i (gpPut counts issues; the table has one entry per issue).  The magic test
-runs over all candidate positions at once (≤ 10,001 for a production run).  Exactly one consistent
+How the reader recovers profile, steps and issues from nothing but the file: for each profile, R =
+size − (every section at s = i = 0) must be 4096·s + 64·i with s, i ≥ 0.  Since 4096 = 64·64, every
+s in 0..R//4096 gives one i, and with it one position for the status block (size − 64·i − 160).  A
+position is *consistent* when it holds the magic `COPPSTAT` and the block's own steps_completed and
+gpPut equal s and i (gpPut counts issues; the table has one entry per issue).  The magic test runs
+over all candidate positions at once (≤ 10,001 for a production run).  Exactly one consistent
 (profile, s, i) is accepted; a tie is broken by steps_planned = the profile's steps.  When none is
 consistent, `_diagnose` finds the last status magic in the file and says what is wrong: trailing
 bytes, a truncated tail, a misplaced block, a missing tail (a run killed before writing it), or a

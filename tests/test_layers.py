@@ -1,4 +1,4 @@
-"""The layers go one way, host → plan → staging: every import of every module, read with `ast`."""
+"""The layers go one way, host → plan → staging: every import of every module, read by `ast`."""
 from __future__ import annotations
 
 import ast
