@@ -27,10 +27,6 @@ ENVIRONMENT_FIELDS = {
     "stat": ("st_dev", "st_ino", "st_mode", "st_uid", "st_gid", "st_blocks", "st_blksize"),
     "status": ("driver_version",),
 }
-FLOAT_ATTRIBUTES = {"forward": "forward", "steps": "losses", "loss_block": "loss_block",
-                    "final": "final"}           # section → ResultFile attribute
-FLOAT_SECTIONS = tuple(FLOAT_ATTRIBUTES)
-RECORD_SECTIONS = ("stat", "semaphores", "error_notifier", "status", "timestamps")
 
 
 def register(sub) -> None:
@@ -79,6 +75,7 @@ def _finite(x):
 # ---------------------------------------------------------------------------------- comparison
 def compare(a, b, atol: float = 0.0, rtol: float = 0.0) -> dict:
     """Section-by-section comparison of two ResultFiles, in file order."""
+    from staging.result_sections import SECTIONS
     rep = {"a": _describe(a), "b": _describe(b), "atol": atol, "rtol": rtol,
            "structure": [], "sections": [], "time_fields": [], "environment_fields": [],
            "first": None}
@@ -94,11 +91,10 @@ def compare(a, b, atol: float = 0.0, rtol: float = 0.0) -> dict:
     if a.issues != b.issues:
         rep["structure"].append(f"timestamp entries differ: A {a.issues:,}, B {b.issues:,}")
 
-    for name in ("forward", "steps", "stat", "loss_block", "final", "semaphores",
-                 "error_notifier", "status", "timestamps"):
-        if name in FLOAT_SECTIONS:
-            attr = FLOAT_ATTRIBUTES[name]
-            s = _compare_floats(name, getattr(a, attr), getattr(b, attr), atol, rtol, a)
+    for section in SECTIONS:
+        name = section.name
+        if section.record is None:                  # fp32 words
+            s = _compare_floats(name, a.section(name), b.section(name), atol, rtol, a)
             if name == "steps" and s["first"] is None and a.steps != b.steps:
                 k = min(a.steps, b.steps)       # the common steps agree: the first extra one
                 s["first"] = {"step": k, "row": 0, "where": f"step {k:,}: only "
@@ -198,10 +194,8 @@ def _compare_floats(name, fa, fb, atol, rtol, rf) -> dict:
 
 def _record_arrays(rf, name):
     """(n, itemsize) u8 bytes and the structured view of a record section."""
-    from staging import records as R
-    rec = {"stat": R.STAT_RECORD, "semaphores": R.SEMAPHORE_SLOT,
-           "error_notifier": R.ERROR_NOTIFIER, "status": R.STATUS_BLOCK,
-           "timestamps": R.TIMESTAMP_ENTRY}[name]
+    from staging.result_sections import SECTION
+    rec = SECTION[name].record
     off, size = rf.offsets[name]
     n = size // rec.itemsize
     raw = rf.raw[off:off + size].reshape(n, rec.itemsize)
@@ -211,6 +205,7 @@ def _record_arrays(rf, name):
 def _compare_records(name, a, b, rep) -> dict:
     """Bitwise comparison field by field; time and environment fields are listed apart."""
     from staging import layout as L
+    from .result_file import plain
     ra, sa, dtype = _record_arrays(a, name)
     rb, sb, _ = _record_arrays(b, name)
     n = min(len(ra), len(rb))
@@ -241,18 +236,10 @@ def _compare_records(name, a, b, rep) -> dict:
             else:
                 where = f"field {field}"
             first_entry = (k, {"entry": k, "field": field, "where": where,
-                               "a": _plain(sa[k][field]), "b": _plain(sb[k][field])})
+                               "a": plain(sa[k][field]), "b": plain(sb[k][field])})
     if first_entry:
         out["first"] = first_entry[1]
     return out
-
-
-def _plain(v):
-    if isinstance(v, bytes):
-        return v.rstrip(b"\0").decode("ascii", "replace")
-    if isinstance(v, np.ndarray):
-        return v.tobytes().hex() if v.dtype == np.uint8 else v.tolist()
-    return v.item() if hasattr(v, "item") else v
 
 
 # ------------------------------------------------------------------------------------- render

@@ -37,10 +37,7 @@ def run(args) -> int:
         mark = "[green]  ok[/green]" if good else "[red]FAIL[/red]"
         console.print(f"{mark}  {name:<20} {value}", highlight=False)
 
-    try:
-        profile = profiles.get(args.profile)
-    except KeyError as e:
-        raise UserError(str(e.args[0])) from None
+    profile = profiles.get(args.profile)
     line("coppelius", f"{__version__}, python {sys.version.split()[0]}")
     try:
         import cuda.bindings

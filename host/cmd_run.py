@@ -88,13 +88,9 @@ def run(args) -> int:
     from plan import profiles
     from staging import records as R
 
-    from .errors import UserError
     from .run import Request, run as run_loop
 
-    try:
-        profile = profiles.get(args.profile)
-    except KeyError as e:
-        raise UserError(str(e.args[0]), "use --profile coppelius or --profile tiny") from None
+    profile = profiles.get(args.profile)
     req = Request(profile=profile, tokens=args.tokens, checkpoint=args.checkpoint,
                   result=args.result, backend=args.backend, source=args.source,
                   overwrite=args.overwrite, fence_timeout_s=args.fence_timeout,

@@ -44,10 +44,7 @@ def run(args) -> int:
     from . import tokenizer as tz
     from .errors import UserError
 
-    try:
-        profile = profiles.get(args.profile)
-    except KeyError as e:
-        raise UserError(str(e.args[0]), "see `coppelius profiles`") from None
+    profile = profiles.get(args.profile)
     tok = tz.load(args.tokenizer)
     ids = tz.vocabulary_size(tok)
     if ids > profile.vocab:

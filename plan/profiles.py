@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from staging.errors import UserError
+
 SEED = 20260925                 # SPEC §2: fresh initialization draws from this
 CHUNK_BYTES = 4 * 1024 * 1024   # SPEC §10: checkpoint chunk = the staging transfer window
 PLANES = 3                      # P, M, V
@@ -192,15 +194,16 @@ TINY = Profile(name="tiny", model_tag="tiny", vocab=512, context=1024, width=128
 PROFILES: dict[str, Profile] = {p.name: p for p in (COPPELIUS, TINY)}
 
 
-class UnknownProfile(KeyError):
-    pass
+class UnknownProfile(UserError, KeyError):
+    """A profile name that is not in PROFILES: a refusal with a hint (and still a KeyError)."""
 
 
 def get(name: str) -> Profile:
     try:
         return PROFILES[name]
     except KeyError:
-        raise UnknownProfile(f"unknown profile {name!r}; known: {', '.join(PROFILES)}") from None
+        raise UnknownProfile(f"unknown profile {name!r}; known: {', '.join(PROFILES)}",
+                             "`coppelius profiles` lists them with their dimensions") from None
 
 
 def names() -> list[str]:

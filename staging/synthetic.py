@@ -39,7 +39,7 @@ import tempfile
 
 import numpy as np
 
-from host.errors import UserError
+from .errors import UserError
 
 CONTEXTS = 20_000                      # SPEC §14: enough for two consecutive runs
 BLOCK = 64                             # B: tokens per block, marker included

@@ -12,7 +12,7 @@ import pathlib
 
 import numpy as np
 
-from host.errors import UserError
+from .errors import UserError
 
 HEADER_BYTES = 16
 TOKEN_BYTES = 4

@@ -13,10 +13,12 @@ from plan import profiles as P
 from staging import layout as L
 from staging import records as R
 
+from result_synth import synthesize
+
 
 def _pair(tmp_path, name="tiny", **kw):
     a, b = tmp_path / "a.res", tmp_path / "b.res"
-    syn = RF.synthesize(P.get(name), **kw)
+    syn = synthesize(P.get(name), **kw)
     syn.write(a, overwrite=True)
     syn.write(b, overwrite=True)
     return syn, a, b
@@ -95,7 +97,7 @@ def test_tolerances(tmp_path, capsys):
 
 
 def test_nan_with_the_same_bits_is_equal(tmp_path, capsys):
-    syn = RF.synthesize(P.get("tiny"))
+    syn = synthesize(P.get("tiny"))
     syn.windows[1, 7] = np.nan
     a, b = tmp_path / "a", tmp_path / "b"
     syn.write(a)
@@ -110,7 +112,7 @@ def test_nan_with_the_same_bits_is_equal(tmp_path, capsys):
 
 def test_time_and_environment_fields_never_count(tmp_path, capsys):
     syn, a, _ = _pair(tmp_path, seed=4)
-    other = RF.synthesize(P.get("tiny"), seed=4)
+    other = synthesize(P.get("tiny"), seed=4)
     ts = np.frombuffer(other.timestamps, R.TIMESTAMP_ENTRY.dtype).copy()
     for f in D.TIME_FIELDS["timestamps"]:
         ts[f] += 12345
@@ -144,17 +146,17 @@ def test_time_and_environment_fields_never_count(tmp_path, capsys):
 def test_different_runs(tmp_path, capsys):
     _, a, _ = _pair(tmp_path)
     cut = tmp_path / "cut.res"
-    RF.synthesize(P.get("tiny"), outcome=R.OUTCOME_INTERRUPTED, steps=5).write(cut)
+    synthesize(P.get("tiny"), outcome=R.OUTCOME_INTERRUPTED, steps=5).write(cut)
     rc, rep = _diff(capsys, a, cut)
     assert rc == 1 and "step windows differ: A 8, B 5" in rep["structure"]
     big = tmp_path / "big.res"
-    RF.synthesize(P.get("coppelius"), steps=2).write(big)
+    synthesize(P.get("coppelius"), steps=2).write(big)
     rc, rep = _diff(capsys, a, big)
     assert rc == 1 and rep["structure"] == ["profiles differ: A tiny, B coppelius"]
 
 
 def test_shorter_run_with_the_same_prefix(tmp_path, capsys):
-    syn = RF.synthesize(P.get("tiny"), seed=8)
+    syn = synthesize(P.get("tiny"), seed=8)
     a, b = tmp_path / "a", tmp_path / "b"
     syn.write(a)
     syn.windows = syn.windows[:6]
