@@ -418,6 +418,10 @@ def report(profile_name: str = "coppelius", target: str = "sm_90a", submission: 
         if measured is not None:
             rows = read_measured(measured)
             compare(costs, rows)                     # refuses a table of another list
+            got = {r["label"]: float(r["us"]) for r in rows}
+            for e in j["per_launch"]:
+                if e["label"] in got:
+                    e["measured_us"] = got[e["label"]]
             j["measured"] = rows
         return json.dumps(j, indent=1)
     text = table(costs, profile_name, target, submission)
