@@ -12,6 +12,7 @@ arguments the entry does not account for.
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,11 +119,13 @@ def family(*functions: str):
 
 
 # -- matmuls: one program per (BLOCK_M, BLOCK_N) tile, a K loop of BLOCK_K trips (software
-#    pipelined: num_stages ≥ 3 prefetch the next chunks, so a trip waits on no load latency)
+#    pipelined when num_stages > 1: the next chunks are in flight, so a trip waits on no load;
+#    with one stage — the tiny profile — each trip waits for its chunks from L2)
 
-def _mm_step(BM, BN, BK, a_bytes, b_bytes, products=1, alu=0.0) -> Step:
+def _mm_step(v: View, BM, BN, BK, a_bytes, b_bytes, products=1, alu=0.0) -> Step:
     return Step(mma_flops=products * 2 * BM * BN * BK,
-                load_bytes=BM * BK * a_bytes + products * BK * BN * b_bytes, alu_ops=alu, phases=1)
+                load_bytes=BM * BK * a_bytes + products * BK * BN * b_bytes, alu_ops=alu, phases=1,
+                l2_trips=0 if v.launch.num_stages > 1 else 1)
 
 
 def _tiles(v: View, M, N, BM, BN) -> int:
@@ -146,7 +149,7 @@ def _matmul(v: View) -> Work:
     fixed = Step(load_bytes=aux, store_bytes=out, mufu_ops=mufu, alu_ops=alu, hbm_trips=1)
     c_unique = M * N * (4 if epi in (0, 2) else 2) * (2 if epi == 3 else 1)
     aux_unique = {0: 0, 1: 0, 2: M * N * 4, 3: 2 * M * N * 4}[epi]
-    return Work((uniform(tiles, cdiv(K, BK), _mm_step(BM, BN, BK, a, b), fixed),),
+    return Work((uniform(tiles, cdiv(K, BK), _mm_step(v, BM, BN, BK, a, b), fixed),),
                 hbm_bytes=M * K * a + K * N * b + c_unique + aux_unique)
 
 
@@ -158,10 +161,9 @@ def _norm_prologue(v: View, products: int, gain: bool, epilogue: Step, out_uniqu
     BM, BN, BK = v.c["BLOCK_M"], v.c["BLOCK_N"], v.c["BLOCK_K"]
     x, w = v.elem("x_ptr"), v.elem("w_ptr" if "w_ptr" in v.args else "wg_ptr")
     tiles = _tiles(v, M, N, BM, BN)
-    main = _mm_step(BM, BN, BK, x, w, products, alu=(3 if gain else 2) * BM * BK)
-    step = Step(mma_flops=main.mma_flops,
-                load_bytes=BM * BK * x + main.load_bytes + (BK * 4 if gain else 0),   # rstd pass + main
-                alu_ops=2 * BM * BK + main.alu_ops, phases=1)
+    main = _mm_step(v, BM, BN, BK, x, w, products, alu=(3 if gain else 2) * BM * BK)
+    step = dataclasses.replace(main, load_bytes=BM * BK * x + main.load_bytes + (BK * 4 if gain else 0),
+                               alu_ops=2 * BM * BK + main.alu_ops)                  # rstd pass + main
     fixed = Step(load_bytes=epilogue.load_bytes, store_bytes=epilogue.store_bytes,
                  mufu_ops=epilogue.mufu_ops + BM, alu_ops=epilogue.alu_ops + 20 * BM,
                  phases=1, hbm_trips=1)                                             # + rstd of BM rows
@@ -205,7 +207,7 @@ def _matmul_delta(v: View) -> Work:
     # fp32 dO out, fp32 o in, delta = Σ_d dO·o per head (a reduction over d)
     fixed = Step(load_bytes=BM * BN * 4, store_bytes=BM * BN * 4 + BM * (BN // d) * 4,
                  alu_ops=3 * BM * BN, phases=1, hbm_trips=1)
-    step = _mm_step(BM, BN, BK, v.elem("a_ptr"), v.elem("b_ptr"))
+    step = _mm_step(v, BM, BN, BK, v.elem("a_ptr"), v.elem("b_ptr"))
     return Work((uniform(tiles, cdiv(K, BK), step, fixed),),
                 hbm_bytes=M * K * 2 + K * N * 2 + 2 * M * N * 4 + M * N // d * 4)
 
@@ -340,7 +342,7 @@ def _embed_grad(v: View) -> Work:
     trip = Step(load_bytes=D * 4 + 4, alu_ops=4 * BV * D, phases=1, l2_trips=1)
     fixed = Step(store_bytes=BV * D * 4, alu_ops=3 * BV * T, phases=1, staging_trips=1)
     trips = (EMBED_CHAIN,) + (1,) * (P - 1)
-    missing_rows = T - sum(trips)                     # de rows read in trips not modelled
+    missing_rows = max(0, T - sum(trips))             # de rows read in trips not modelled
     w1 = v.c["W1_WORDS"] * 4
     return Work((Programs(trips, trip, fixed),),
                 hbm_bytes=T * D * 4 + T * 4 + V * D * 4,

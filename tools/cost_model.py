@@ -56,7 +56,7 @@ from cost_inputs import (ALU_PER_CLK, BF16_FLOPS, BLOCKS_PER_SM, CLOCK_HZ, DEP_O
                          PCIE_BW, PCIE_IN_FLIGHT, PCIE_LATENCY, PHASE, REG_ALLOC_UNIT, REGS_PER_SM,
                          SCENARIOS, SM_L2_BW, SMEM_ALLOC_UNIT, SMEM_PER_BLOCK, SMEM_PER_SM,
                          SMEM_RESERVED, SMS, STAGING_CACHED, SUBPARTITIONS, THREADS_PER_SM)
-from cost_kernels import REGISTRY, Programs, Step, View, cdiv, lines  # noqa: E402
+from cost_kernels import REGISTRY, Programs, Step, View, Work, cdiv, lines  # noqa: E402
 from host.errors import UserError  # noqa: E402
 from plan import launches, profiles  # noqa: E402  (plain data: no Triton here)
 from plan.buffers import buffers  # noqa: E402
@@ -195,59 +195,81 @@ def bucket(launch) -> str:
     return "matmul " + (label.split(".", 2)[-1] if label.startswith("layers") else label)
 
 
-def cost(launch, bufs, stats: dict[str, KernelStats]) -> LaunchCost:
+def work_of(launch, bufs) -> Work:
+    """The registry entry's description of a launch, checked against the launch itself."""
     fam = REGISTRY.get(launch.function)
     if fam is None:
         raise KeyError(f"{launch.label}: no cost-model entry for kernel function {launch.function!r} "
-                       f"(add one to tools/cost_model.py REGISTRY; known: {sorted(REGISTRY)})")
-    if launch.kernel not in stats:
-        raise KeyError(f"{launch.label}: no ptxas figures for {launch.kernel} (rebuild the PTX)")
+                       f"(add one to tools/cost_kernels.py; known: {sorted(REGISTRY)})")
     v = View(launch, bufs)
     work = fam(v)
-    progs = [(g, t) for g in work.programs for t in g.trips]
-    if len(progs) != v.programs:
-        raise ValueError(f"{launch.label}: the model describes {len(progs)} programs, the grid "
+    described = sum(len(g.trips) for g in work.programs)
+    if described != v.programs:
+        raise ValueError(f"{launch.label}: the model describes {described} programs, the grid "
                          f"{launch.grid} has {v.programs}")
     accounted = {s.arg for s in work.staging}
     if accounted != v.staging_args():
         raise ValueError(f"{launch.label}: staging arguments {sorted(v.staging_args())}, the "
                          f"{launch.function} entry accounts for {sorted(accounted)}")
+    return work
+
+
+@dataclass(frozen=True)
+class _Per:
+    """Per-program totals of a launch's Work, in blockIdx order."""
+    flops: list[float]
+    moved: list[float]             # bytes loaded + stored
+    pipes_s: list[float]           # MUFU + ALU seconds on one SM
+
+    @classmethod
+    def of(cls, work: Work) -> "_Per":
+        progs = [(g, t) for g in work.programs for t in g.trips]
+        total = lambda f: [t * f(g.step) + f(g.fixed) for g, t in progs]  # noqa: E731
+        return cls(total(lambda x: x.mma_flops), total(lambda x: x.load_bytes + x.store_bytes),
+                   total(lambda x: x.mufu_ops / (MUFU_PER_CLK * CLOCK_HZ)
+                         + x.alu_ops / (ALU_PER_CLK * CLOCK_HZ)))
+
+
+def bounds(work: Work, per: _Per, per_sm: int, s: str) -> dict[str, float]:
+    """Seconds of each bound of one launch in scenario s."""
+    l2_bytes = sum(per.moved) + work.extra_l2_bytes
+    cached = bool(STAGING_CACHED[s])
+    read = sum(x.unique_bytes if cached else x.read_bytes for x in work.staging)
+    requests = sum(lines(x.unique_bytes) if cached else x.read_requests for x in work.staging)
+    written = sum(x.write_bytes for x in work.staging)
+    pcie = max(read / PCIE_BW[s], requests * PCIE_LATENCY[s] / PCIE_IN_FLIGHT[s]) + written / PCIE_BW[s]
+    return {"tensor": _busiest_sm(per.flops) / (BF16_FLOPS[s] / SMS),
+            "pipes": _busiest_sm(per.pipes_s),
+            "l2": max(l2_bytes / L2_BW[s], _busiest_sm(per.moved) / SM_L2_BW[s]),
+            "hbm": work.hbm_bytes / HBM_BW[s],
+            "pcie": pcie,
+            "serial": makespan([d for g in work.programs for d in _durations(g, s)], SMS * per_sm)}
+
+
+def cost(launch, bufs, stats: dict[str, KernelStats]) -> LaunchCost:
+    """One launch: its figures, every bound in every scenario, the binding term, the totals."""
+    if launch.kernel not in stats:
+        raise KeyError(f"{launch.label}: no ptxas figures for {launch.kernel} (rebuild the PTX)")
+    work = work_of(launch, bufs)
     st = stats[launch.kernel]
     per_sm, limiter = occupancy(st)
-    P = v.programs
-    flops = [t * g.step.mma_flops + g.fixed.mma_flops for g, t in progs]
-    moved = [t * (g.step.load_bytes + g.step.store_bytes) + g.fixed.load_bytes + g.fixed.store_bytes
-             for g, t in progs]
-    pipe_ops = [(t * g.step.mufu_ops + g.fixed.mufu_ops, t * g.step.alu_ops + g.fixed.alu_ops)
-                for g, t in progs]
-    l2_bytes = sum(moved) + work.extra_l2_bytes
-    read = sum(s.read_bytes for s in work.staging)
-    unique = sum(s.unique_bytes for s in work.staging)
-    requests = sum(s.read_requests for s in work.staging)
-    written = sum(s.write_bytes for s in work.staging)
+    per = _Per.of(work)
+    P = len(per.flops)
     c = LaunchCost(launch.label, launch.kernel, launch.function, bucket(launch), tuple(launch.grid),
                    P, st.threads, st.regs, st.shared, st.spill, per_sm, limiter,
-                   cdiv(P, SMS * per_sm), cdiv(P, SMS), sum(flops), l2_bytes, work.hbm_bytes,
-                   read, requests, written, max(t for _, t in progs))
-    pipes_s = _busiest_sm([m / (MUFU_PER_CLK * CLOCK_HZ) + a / (ALU_PER_CLK * CLOCK_HZ)
-                           for m, a in pipe_ops])
-    terms = {k: {} for k in ("tensor", "pipes", "l2", "hbm", "pcie", "serial")}
+                   rounds=cdiv(P, SMS * per_sm), programs_per_sm=cdiv(P, SMS), flops=sum(per.flops),
+                   l2_bytes=sum(per.moved) + work.extra_l2_bytes, hbm_bytes=work.hbm_bytes,
+                   staging_read_bytes=sum(x.read_bytes for x in work.staging),
+                   staging_requests=sum(x.read_requests for x in work.staging),
+                   staging_write_bytes=sum(x.write_bytes for x in work.staging),
+                   serial_iterations=max(max(g.trips) for g in work.programs))
     for s in SCENARIOS:
-        cached = bool(STAGING_CACHED[s])
-        pcie_read = unique if cached else read
-        pcie_requests = lines(unique) if cached else requests
-        terms["tensor"][s] = _busiest_sm(flops) / (BF16_FLOPS[s] / SMS)
-        terms["pipes"][s] = pipes_s
-        terms["l2"][s] = max(l2_bytes / L2_BW[s], _busiest_sm(moved) / SM_L2_BW[s])
-        terms["hbm"][s] = work.hbm_bytes / HBM_BW[s]
-        terms["pcie"][s] = (max(pcie_read / PCIE_BW[s], pcie_requests * PCIE_LATENCY[s] / PCIE_IN_FLIGHT[s])
-                            + written / PCIE_BW[s]) if (read or written) else 0.0
-        durations = [d for g in work.programs for d in _durations(g, s)]
-        terms["serial"][s] = makespan(durations, SMS * per_sm)
-        bind = max(terms, key=lambda k: terms[k][s])
+        terms = bounds(work, per, per_sm, s)
+        bind = max(terms, key=terms.get)
+        for k, x in terms.items():
+            c.bounds_us.setdefault(k, {})[s] = x * 1e6
         c.binding[s] = bind
-        c.us[s] = (terms[bind][s] + LAUNCH[s]) * 1e6
-    c.bounds_us = {k: {s: x * 1e6 for s, x in val.items()} for k, val in terms.items()}
+        c.us[s] = (terms[bind] + LAUNCH[s]) * 1e6
     return c
 
 
