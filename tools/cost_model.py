@@ -12,9 +12,11 @@ describes its programs: how many loop trips each makes, what one trip and the pr
 (MMA FLOPs, bytes loaded and stored, MUFU and ALU operations, dependent waits), the unique HBM
 bytes of the launch, and what it reads or writes in mapped host memory (staging).  From that:
 
-  tensor  = ceil(P / 132) · FLOPs per program / (bf16 rate / 132)  — the busiest SM's MMA work.
-            With k programs resident per SM this equals rounds · (k · FLOPs / rate per SM) for
-            rounds = ceil(P / (132·k)): k resident programs share one SM's tensor cores.
+  tensor  = ceil(P / 132) · FLOPs per program / (bf16 rate / 132)  — the busiest SM's MMA work
+            (or the largest program's).  k programs resident per SM share its tensor cores, so
+            this is rounds = ceil(P / (132·k)) rounds of k·FLOPs per SM, except that a last
+            partial round — or a grid under 132·k — is charged only the programs the busiest
+            SM really gets.
   pipes   = the same for the MUFU and ALU work (exp, division, compares): the SM's other pipes.
   l2      = every byte every program loads or stores / L2 bandwidth, and at least the busiest
             SM's bytes over one SM's L2 path.
@@ -393,7 +395,7 @@ def compare(costs, measured: list[dict]) -> str:
             raise UserError(f"launch {r['label']!r} measured twice", "one entry per launch")
         seen.add(r["label"])
     got = {r["label"]: float(r["us"]) for r in measured}
-    out = ["| launch | kernel | binds | optimistic µs | central µs | pessimistic µs | measured µs | "
+    out = ["| launch | function | binds | optimistic µs | central µs | pessimistic µs | measured µs | "
            "measured / central | in range |", "|---|---|---|---|---|---|---|---|---|"]
     for c in costs:
         if c.label not in got:
