@@ -172,106 +172,11 @@ def build(out: Path, profile_names, target_names, jobs: int) -> list[Path]:
     return written
 
 
-# H200 model for --report: what a roofline estimate assumes (SXM, 132 SMs)
-H200_BF16_FLOPS = 989e12 * 0.55      # dense bf16 peak × what Triton wgmma kernels reach at these sizes
-H200_FP32_FLOPS = 67e12 * 0.5
-H200_BYTES_PER_S = 4.8e12 * 0.8      # HBM3e peak × achievable streaming fraction
-H200_LAUNCH_S = 2.5e-6               # per kernel inside a CUDA graph: launch gap + ramp/tail
-
-
-def _work(launch, bufs) -> tuple[float, float, str]:
-    """(tensor-core FLOPs, bytes moved, kind) of one launch, from its arguments."""
-    a = dict(launch.args)
-    c = dict(launch.constexprs)
-    f = launch.function
-    nbytes = lambda name: bufs[a[name].buffer].nbytes if hasattr(a[name], "buffer") else 0  # noqa
-    if f.startswith("matmul"):
-        M, N, K = a["M"].value, a["N"].value, a["K"].value
-        n_b = 2 if f == "matmul_swiglu" else 1
-        flops = 2 * M * N * K * n_b
-        # bytes per output element: stores and epilogue reads (rotary: bf16 out + the rope rows;
-        # delta: fp32 dO out, fp32 o in, one delta word per head row)
-        per = {"matmul_swiglu": 4 * 2 + 2, "matmul_rotary": 2, "matmul_delta": 4 + 4}.get(f) or \
-            {0: 4, 1: 2, 2: 8, 3: 4 + 8}[c.get("EPILOGUE", 0)]
-        extra = M * c["HEAD_DIM"] * 4 if f == "matmul_rotary" else \
-            M * N // c["HEAD_DIM"] * 4 if f == "matmul_delta" else 0
-        # rmsnorm in the prologue: A is the fp32 residual, read twice (row sums, then the operand),
-        # and h16 (bf16) + rstd are stored once
-        a_bytes = M * K * (4 + 4 + 2) + M * 4 if f in ("matmul_rotary", "matmul_swiglu", "matmul_norm") \
-            else 2 * M * K
-        return flops, a_bytes + 2 * n_b * N * K + M * N * per + extra, "mma"
-    if f.startswith("attention"):
-        T, H, d = a["T"].value, c["HEADS"], c["HEAD_DIM"]
-        causal = T * T / 2 * H * d * 2
-        mult = {"attention_fwd": 2, "attention_bwd": 4 + 3}[f]    # backward: dK/dV 4, dQ 3
-        return causal * mult, T * (H + 2 * c["KV_HEADS"]) * d * 2 * 4, "mma"
-    if f == "adamw":
-        n = a["N"].value
-        no_w16 = (c["EMBED_END"] - c["EMBED_START"] + c["GAIN0_END"] - c["GAIN0_START"]
-                  + c["GAIN1_END"] - c["GAIN1_START"])
-        return 0, n * (4 * 4 + 3 * 4) + (n - no_w16) * 2, "stream"
-    if f in ("cast_bf16", "copy_f32"):
-        n = a["N"].value
-        return 0, n * (6 if f == "cast_bf16" else 8), "stream"
-    if f == "embed_grad":
-        # de read, dE written, and the first W1_WORDS words again into the w1 window
-        return 0, bufs["de"].nbytes + a["V"].value * c["D"] * 4 + c["W1_WORDS"] * 4, "stream"
-    if f == "cross_entropy":
-        return 0, a["T"].value * c["V"] * 6, "stream"
-    # row kernels: read and write (T, D)-sized operands
-    def size(v):
-        return bufs[v.buffer].nbytes // max(1, bufs[v.buffer].shape[0]) \
-            if len(bufs[v.buffer].shape) == 3 else bufs[v.buffer].nbytes
-
-    touched = sum(size(v) for v in a.values()
-                  if hasattr(v, "buffer") and v.buffer not in ("pmv", "grad", "w16"))
-    if f == "rmsnorm_bwd_gain":     # the gain-gradient programs read dy, x and r a second time
-        touched += sum(size(a[n]) for n in ("dy_ptr", "x_ptr", "rstd_ptr"))
-    return 0, touched, "stream"
-
-
-def report(profile_name: str, target: str) -> str:
-    """ptxas -v per manifest entry and an H200 roofline estimate per launch of the update list."""
-    import subprocess
-    d = DEFAULT_OUT / profile_name / target
-    m = json.loads((d / "manifest.json").read_text())
-    ptxas = shutil.which("ptxas") or "/usr/local/bin/ptxas"
-    stats = {}
-    for entry, rec in m["kernels"].items():
-        r = subprocess.run([ptxas, f"-arch={target}", "-v", str(d / rec["file"]), "-o", os.devnull],
-                           capture_output=True, text=True)
-        regs = re.findall(r"Used (\d+) registers", r.stderr)
-        spill = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", r.stderr)
-        stats[entry] = (int(regs[-1]) if regs else 0, rec["shared"],
-                        sum(int(x) + int(y) for x, y in spill))
-    prof = profiles.get(profile_name)
-    from plan.buffers import buffers
-    bufs = buffers(prof)
-    rows, total = {}, 0.0
-    for launch in launches.submissions(prof)[1].launches:
-        if launch.function == launches.RELEASE:
-            t, flops, nbytes = H200_LAUNCH_S, 0, 16
-        else:
-            flops, nbytes, kind = _work(launch, bufs)
-            t = max(flops / H200_BF16_FLOPS, nbytes / H200_BYTES_PER_S) + H200_LAUNCH_S
-        key = launch.function if launch.function != "matmul" else \
-            f"matmul {launch.label.split('.', 2)[-1] if launch.label.startswith('layers') else launch.label}"
-        r = rows.setdefault(key, [0, 0.0, 0.0, 0.0, launch.kernel])
-        r[0] += 1
-        r[1] += flops
-        r[2] += nbytes
-        r[3] += t
-        total += t
-    out = [f"| launch (update, {profile_name}) | n | regs | smem B | spill B | GFLOP | MB | predicted µs |",
-           "|---|---|---|---|---|---|---|---|"]
-    for key, (n, flops, nbytes, t, entry) in sorted(rows.items(), key=lambda kv: -kv[1][3]):
-        regs, smem, spill = stats[entry]
-        out.append(f"| {key} | {n} | {regs} | {smem} | {spill} | {flops / 1e9:.1f} | "
-                   f"{nbytes / 1e6:.1f} | {t * 1e6:.0f} |")
-    out.append(f"| **total** | {sum(r[0] for r in rows.values())} | | | | "
-               f"{sum(r[1] for r in rows.values()) / 1e9:.1f} | {sum(r[2] for r in rows.values()) / 1e6:.0f} | "
-               f"**{total * 1e6:.0f}** |")
-    return "\n".join(out)
+def report(profile_name: str, target: str, as_json: bool = False, measured: Path | None = None) -> str:
+    """The H200 cost model of the update list from the committed PTX (tools/cost_model.py)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import cost_model
+    return cost_model.report(profile_name, target, "update", as_json, measured)
 
 
 def main(argv=None) -> int:
@@ -281,12 +186,23 @@ def main(argv=None) -> int:
     ap.add_argument("--target", action="append", choices=list(TARGETS))
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--report", action="store_true",
-                    help="print ptxas -v figures and the H200 estimate of the committed PTX")
+                    help="print the H200 cost model of the update list (ptxas -v on the committed PTX)")
+    ap.add_argument("--json", action="store_true", help="with --report: the model as JSON")
+    ap.add_argument("--measured", type=Path,
+                    help="with --report: a device check's per-launch JSON [{label, kernel, us}] to "
+                         "set beside the model")
     a = ap.parse_args(argv)
+    if (a.json or a.measured) and not a.report:
+        ap.error("--json and --measured go with --report")
     if a.report:
-        for pname in a.profile or ["coppelius"]:
-            for target in a.target or ["sm_90a"]:
-                print(report(pname, target))
+        from host.errors import UserError
+        try:
+            for pname in a.profile or ["coppelius"]:
+                for target in a.target or ["sm_90a"]:
+                    print(report(pname, target, a.json, a.measured))
+        except UserError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return e.exit_code
         return 0
     files = build(a.out, a.profile or profiles.names(), a.target or list(TARGETS), max(1, a.jobs))
     total = sum(f.stat().st_size for f in files)

@@ -1,0 +1,270 @@
+"""Issue 14: the H200 cost model (tools/cost_model.py) — two launches computed by hand, the JSON
+schema, the registry covering every launch, refusals, and the model-vs-measured table."""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from host.errors import UserError
+from plan import launches, profiles
+from plan.buffers import buffers
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("cost_model", ROOT / "tools" / "cost_model.py")
+cm = importlib.util.module_from_spec(_spec)
+sys.modules["cost_model"] = cm
+_spec.loader.exec_module(cm)
+
+PROD = profiles.get("coppelius")
+UPDATE = {l.label: l for l in launches.submissions(PROD)[1].launches}
+US = 1e6
+
+
+def _close(got: float, want: float, what: str):
+    assert math.isclose(got, want, rel_tol=1e-9), f"{what}: model {got!r}, hand {want!r}"
+
+
+def fake_stats(profile, regs: int = 64) -> dict:
+    """ptxas-free figures: every kernel at `regs` registers, shared memory and threads from the
+    committed manifest (the figures the model reads besides the registers)."""
+    m = json.loads((ROOT / "kernels_ptx" / profile.name / "sm_90a" / "manifest.json").read_text())
+    return {e: cm.KernelStats(regs, r["shared"], r["threads"]) for e, r in m["kernels"].items()}
+
+
+def test_inputs_the_hand_computations_use():
+    # the hand arithmetic below is written with these literal values
+    assert cm.SMS == 132 and cm.CLOCK_HZ == 1.98e9
+    assert (cm.BF16_FLOPS.optimistic, cm.BF16_FLOPS.central, cm.BF16_FLOPS.pessimistic) == (798e12, 640e12, 480e12)
+    assert (cm.L2_BW.optimistic, cm.L2_BW.central, cm.L2_BW.pessimistic) == (10e12, 7.5e12, 5.5e12)
+    assert cm.SM_L2_BW.central == 48 * 1.98e9 and cm.HBM_BW.central == 3.8e12
+    assert cm.PHASE.central == 0.04e-6 and cm.HBM_LATENCY.central == 0.6e-6
+    assert (cm.LAUNCH.optimistic, cm.LAUNCH.central, cm.LAUNCH.pessimistic) == (1.5e-6, 2.5e-6, 3.5e-6)
+    assert cm.MUFU_PER_CLK == 16 and cm.ALU_PER_CLK == 128
+    for name, r in cm.INPUTS.items():
+        assert r.source and r.optimistic is not None, name
+
+
+def test_hand_matmul_mlp_backward_dh():
+    """dh = dab16 (T, 2F) @ [Wgate|Wup] (2F, D): M=1024, N=512, K=5504, 64×64 tiles, EPI_F32."""
+    launch = UPDATE["layers.0.mlp_backward.dh"]
+    c = cm.cost(launch, buffers(PROD), {launch.kernel: cm.KernelStats(64, 65536, 128)})
+    # occupancy: 64 regs × 32 = 2048 per warp → 16384/2048 = 8 warps per sub-partition → 32 warps
+    # → 8 blocks of 4 warps; threads 2048/128 = 16; shared (65536 + 1024 reserved) → 233472 // 66560
+    # = 3 → 3 per SM (shared).  128 tiles (16 × 8) on 396 slots: 1 round, 1 program per busiest SM
+    assert (c.programs, c.per_sm, c.occupancy_limit, c.rounds, c.programs_per_sm) == (128, 3, "shared", 1, 1)
+    assert c.serial_iterations == 5504 // 64 == 86
+    # FLOPs: 2·M·N·K
+    _close(c.flops, 2 * 1024 * 512 * 5504, "flops")
+    # L2: each program loads 86 × (64×64 bf16 of A + 64×64 bf16 of B) and stores 64×64 fp32
+    per_program = 86 * (64 * 64 * 2 + 64 * 64 * 2) + 64 * 64 * 4          # 1,425,408 B
+    _close(c.l2_bytes, 128 * per_program, "l2 bytes")                    # 182,452,224 B
+    # HBM: A once, B once, C once
+    _close(c.hbm_bytes, 1024 * 5504 * 2 + 5504 * 512 * 2 + 1024 * 512 * 4, "hbm bytes")
+    b = c.bounds_us
+    # tensor: one program per busiest SM, 45,088,768 FLOP at 640e12/132 per SM
+    _close(b["tensor"]["central"], 2 * 64 * 64 * 5504 / (640e12 / 132) * US, "tensor")    # 9.30 µs
+    # L2: all bytes at 7.5 TB/s (24.33 µs) beat one program's 1.43 MB at 48 B/clk (15.00 µs)
+    _close(b["l2"]["central"], 128 * per_program / 7.5e12 * US, "l2")
+    _close(b["hbm"]["central"], 19_005_440 / 3.8e12 * US, "hbm")                         # 5.00 µs
+    # serial: a trip is max(16 KB at 95.04 GB/s = 0.172 µs, 524,288 FLOP at 4.85 TFLOP/s
+    # = 0.108 µs) + one phase (0.04 µs); the epilogue: 16 KB stored + the first load's 0.6 µs
+    trip = max(16384 / (48 * 1.98e9), 2 * 64 * 64 * 64 / (640e12 / 132)) + 0.04e-6
+    fixed = max(16384 / (48 * 1.98e9), 4096 / (128 * 1.98e9)) + 0.6e-6
+    _close(b["serial"]["central"], (86 * trip + fixed) * US, "serial")                  # 19.04 µs
+    assert c.binding == {"optimistic": "l2", "central": "l2", "pessimistic": "l2"}
+    _close(c.us["central"], (128 * per_program / 7.5e12 + 2.5e-6) * US, "central")      # 26.83 µs
+    _close(c.us["optimistic"], (128 * per_program / 10e12 + 1.5e-6) * US, "optimistic")  # 19.75 µs
+    _close(c.us["pessimistic"], (128 * per_program / 5.5e12 + 3.5e-6) * US, "pessimistic")  # 36.67 µs
+
+
+def test_hand_attention_backward_kv_block_0_chain():
+    """attention_bwd: 64 dK/dV programs (kv block, kv head) then 128 dQ programs; the dK/dV
+    program of kv block 0 runs 2 query heads × 16 query blocks = 32 dependent trips."""
+    launch = UPDATE["layers.0.attention_backward"]
+    c = cm.cost(launch, buffers(PROD), {launch.kernel: cm.KernelStats(208, 58368, 128)})
+    # occupancy: 208 × 32 = 6656 per warp → 16384 // 6656 = 2 warps per sub-partition → 8 warps →
+    # 2 blocks (registers); 192 programs on 264 slots: all start at once, the longest one binds
+    assert (c.programs, c.per_sm, c.occupancy_limit, c.rounds) == (192, 2, "registers", 1)
+    assert c.serial_iterations == 2 * 16 == 32
+    # FLOPs: dK/dV 4 heads × 2 × Σ_{n<16}(16 − n) = 1088 trips of 4 dots; dQ 8 × 136 = 1088 of 3
+    dot = 2 * 64 * 64 * 64
+    _close(c.flops, 1088 * 4 * dot + 1088 * 3 * dot, "flops")
+    sm = 640e12 / 132
+    # one dK/dV trip (central): 4 dots on one SM's tensor cores, 4096 exps at 16/clk, 45,056 ALU
+    # ops at 128/clk serialize (0.740 µs); its 25,088 B (qᵀ bf16, dO fp32, lse, delta) at
+    # 95.04 GB/s (0.264 µs) overlap; 5 dependent phases at 0.04 µs
+    compute = 4 * dot / sm + 4096 / (16 * 1.98e9) + (10 * 4096 + 64 * 64) / (128 * 1.98e9)
+    trip = max(25088 / (48 * 1.98e9), compute) + 5 * 0.04e-6                         # 0.9396 µs
+    # prologue/epilogue: k, v and the rope rows in (32 KB), bf16 dk, dv out (16 KB), the first
+    # load's latency
+    fixed = max(49152 / (48 * 1.98e9), 8 * 64 * 64 / (128 * 1.98e9)) + 0.6e-6          # 1.117 µs
+    _close(c.bounds_us["serial"]["central"], (32 * trip + fixed) * US, "serial")        # 31.18 µs
+    assert c.binding["central"] == "serial"
+    _close(c.us["central"], (32 * trip + fixed + 2.5e-6) * US, "central")               # 33.68 µs
+    # tensor: the kv-block-0 program's 32 × 4 dots exceed two mean programs per SM
+    _close(c.bounds_us["tensor"]["central"], 32 * 4 * dot / sm * US, "tensor")           # 13.84 µs
+
+
+@pytest.mark.parametrize("profile", profiles.names())
+def test_every_launch_of_every_submission_is_costed(profile):
+    p = profiles.get(profile)
+    stats = fake_stats(p)
+    for sub in launches.submissions(p):
+        costs = cm.model(p, sub.name, stats)
+        assert len(costs) == len(sub.launches)
+        for c in costs:
+            assert c.function in cm.REGISTRY
+            assert 0 < c.us["optimistic"] <= c.us["central"] <= c.us["pessimistic"], c.label
+            assert c.programs == math.prod(next(l for l in sub.launches if l.label == c.label).grid)
+
+
+def test_json_schema_and_totals():
+    j = json.loads(cm.report("coppelius", "sm_90a", "update", as_json=True, stats=fake_stats(PROD)))
+    assert j["launches"] == len(UPDATE) == len(j["per_launch"])
+    assert set(j["update_us"]) == set(cm.SCENARIOS)
+    keys = {"label", "kernel", "function", "bucket", "grid", "programs", "threads", "regs", "smem",
+            "spill", "per_sm", "occupancy_limit", "rounds", "programs_per_sm", "flops", "l2_bytes",
+            "hbm_bytes", "staging_read_bytes", "staging_requests", "staging_write_bytes",
+            "serial_iterations", "bounds_us", "binding", "us"}
+    for e in j["per_launch"]:
+        assert keys <= set(e), keys - set(e)
+        assert set(e["bounds_us"]) == {"tensor", "pipes", "l2", "hbm", "pcie", "serial"}
+        for s in cm.SCENARIOS:
+            bind = e["binding"][s]
+            assert e["bounds_us"][bind][s] == max(v[s] for v in e["bounds_us"].values())
+            _close(e["us"][s], e["bounds_us"][bind][s] + cm.LAUNCH[s] * US, f"{e['label']} {s}")
+    for s in cm.SCENARIOS:
+        _close(j["update_us"][s], sum(e["us"][s] for e in j["per_launch"]), f"total {s}")
+        _close(sum(b["us"][s] for b in j["buckets"]), j["update_us"][s], f"buckets {s}")
+        _close(sum(j["where_us"][s].values()), j["update_us"][s], f"where {s}")
+    assert set(j["inputs"]) == set(cm.INPUTS) and all(v["source"] for v in j["inputs"].values())
+
+
+def test_mapped_host_memory_is_counted_where_staging_is_read():
+    costs = {c.label: c for c in cm.model(PROD, "update", fake_stats(PROD))}
+    adamw = costs["adamw"]
+    assert adamw.programs == 28177 and adamw.staging_requests == 28177       # one doorbell read each
+    embed = costs["embed_backward.dE+w1"]
+    assert embed.staging_read_bytes == 768 * 1024 * 4                         # every program: all ids
+    readers = {c.label for c in costs.values() if c.staging_read_bytes}
+    assert readers == {"prelaunch_release", "embed", "cross_entropy", "embed_backward.dE+w1",
+                       "adamw", "final_release"}
+    # cached (optimistic): each line once; otherwise every request crosses PCIe
+    assert embed.bounds_us["pcie"]["optimistic"] < 1 < embed.bounds_us["pcie"]["central"]
+
+
+def test_unknown_kernel_raises():
+    launch = dataclasses.replace(UPDATE["layers.0.out_proj"], function="matmul_splitk")
+    with pytest.raises(KeyError, match="matmul_splitk"):
+        cm.cost(launch, buffers(PROD), fake_stats(PROD))
+
+
+def test_unaccounted_staging_argument_raises():
+    ce = UPDATE["cross_entropy"]
+    args = tuple((n, launches.StagingRef("LOSS_RECORD", 0) if n == "dlogits_ptr" else a) for n, a in ce.args)
+    with pytest.raises(ValueError, match="dlogits_ptr"):
+        cm.cost(dataclasses.replace(ce, args=args), buffers(PROD), fake_stats(PROD))
+
+
+def test_grid_that_disagrees_with_the_tiles_raises():
+    launch = dataclasses.replace(UPDATE["layers.0.out_proj"], grid=(127, 1, 1))
+    with pytest.raises(ValueError, match="127"):
+        cm.cost(launch, buffers(PROD), fake_stats(PROD))
+
+
+def test_occupancy_limits():
+    assert cm.occupancy(cm.KernelStats(238, 163840, 256)) == (1, "registers")   # matmul_swiglu
+    assert cm.occupancy(cm.KernelStats(80, 64, 512)) == (1, "registers")        # cross_entropy
+    assert cm.occupancy(cm.KernelStats(10, 0, 1)) == (32, "blocks")             # release
+    assert cm.occupancy(cm.KernelStats(16, 0, 1024)) == (2, "threads")
+    with pytest.raises(ValueError, match="shared memory"):
+        cm.occupancy(cm.KernelStats(32, 228 * 1024, 128))
+
+
+def test_makespan_places_programs_in_order():
+    assert cm.makespan([3.0, 1.0, 1.0, 1.0], 2) == 3.0            # the long one first, three beside it
+    assert cm.makespan([1.0, 1.0, 1.0, 3.0], 2) == 4.0            # the long one last: a tail
+    assert cm.makespan([2.0] * 5, 2) == 6.0                       # ceil(5 / 2) rounds
+
+
+def _measured(tmp_path, rows) -> Path:
+    path = tmp_path / "measured.json"
+    path.write_text(json.dumps(rows))
+    return path
+
+
+def test_model_beside_a_measured_table(tmp_path):
+    stats = fake_stats(PROD)
+    costs = {c.label: c for c in cm.model(PROD, "update", stats)}
+    rows = [{"label": "adamw", "kernel": costs["adamw"].kernel, "us": 900.0},
+            {"label": "layers.0.mlp_backward.dh", "kernel": costs["layers.0.mlp_backward.dh"].kernel,
+             "us": costs["layers.0.mlp_backward.dh"].us["central"]},
+            {"label": "layers.1.mlp_backward.dh", "kernel": costs["layers.1.mlp_backward.dh"].kernel,
+             "us": 3 * costs["layers.1.mlp_backward.dh"].us["central"], "extra": "kept"}]
+    text = cm.report("coppelius", "sm_90a", "update", measured=_measured(tmp_path, rows), stats=stats)
+    assert "Model vs measured" in text
+    text = text.split("Model vs measured", 1)[1]
+    line = next(ln for ln in text.splitlines() if ln.startswith("| adamw |"))
+    assert "| 900 |" in line and f"{900 / costs['adamw'].us['central']:.2f}" in line and "NO" in line
+    dh = next(ln for ln in text.splitlines() if ln.startswith("| layers.0.mlp_backward.dh |"))
+    assert "| 1.00 | yes |" in dh
+    bucket = next(ln for ln in text.splitlines() if ln.startswith("| matmul mlp_backward.dh |")
+                  and "/9 |" in ln)
+    assert "| 2/9 |" in bucket and "| 2.00 |" in bucket       # (1 + 3) / 2 of the model
+    assert f"Not measured ({len(costs) - 3})" in text
+    j = json.loads(cm.report("coppelius", "sm_90a", "update", as_json=True,
+                             measured=_measured(tmp_path, rows), stats=stats))
+    assert j["measured"] == rows
+    assert [e["label"] for e in j["per_launch"] if "measured_us" in e] == \
+        [c for c in costs if c in {r["label"] for r in rows}]
+    assert next(e for e in j["per_launch"] if e["label"] == "adamw")["measured_us"] == 900.0
+
+
+@pytest.mark.parametrize("rows,match", [
+    ([{"label": "nope", "kernel": "k", "us": 1.0}], "not in the modelled list"),
+    ([{"label": "adamw", "kernel": "adamw_other", "us": 1.0}], "another build"),
+    ([{"label": "adamw", "us": 1.0}], "'kernel'"),
+    ([{"label": "adamw", "kernel": "x", "us": "fast"}], "'us'"),
+    ({"adamw": 1.0}, "not a list"),
+])
+def test_measured_table_refusals(tmp_path, rows, match):
+    stats = fake_stats(PROD)
+    if isinstance(rows, list) and rows and rows[0].get("kernel") == "x":
+        rows[0]["kernel"] = next(c.kernel for c in cm.model(PROD, "update", stats) if c.label == "adamw")
+    with pytest.raises(UserError, match=match):
+        cm.report("coppelius", "sm_90a", "update", measured=_measured(tmp_path, rows), stats=stats)
+
+
+def test_measured_twice_refused(tmp_path):
+    stats = fake_stats(PROD)
+    k = next(c.kernel for c in cm.model(PROD, "update", stats) if c.label == "adamw")
+    rows = [{"label": "adamw", "kernel": k, "us": 1.0}] * 2
+    with pytest.raises(UserError, match="twice"):
+        cm.report("coppelius", "sm_90a", "update", measured=_measured(tmp_path, rows), stats=stats)
+
+
+def _have_ptxas() -> bool:
+    return any(c and os.access(c, os.X_OK) for c in (shutil.which("ptxas"), "/usr/local/bin/ptxas",
+                                                     "/usr/local/cuda/bin/ptxas"))
+
+
+@pytest.mark.skipif(not _have_ptxas(), reason="no ptxas on this machine")
+def test_build_ptx_report_json_from_the_committed_ptx():
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "build_ptx.py"), "--report", "--json"],
+                       capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    j = json.loads(r.stdout)
+    assert j["launches"] == len(UPDATE)
+    assert j["update_us"]["optimistic"] < j["update_us"]["central"] < j["update_us"]["pessimistic"]
+    swiglu = next(e for e in j["per_launch"] if e["label"] == "layers.0.mlp.norm+swiglu")
+    assert swiglu["regs"] > 128 and swiglu["per_sm"] == 1 and swiglu["rounds"] == 2   # 176 tiles
