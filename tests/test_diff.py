@@ -1,4 +1,5 @@
-"""Issue 6: `coppelius diff` — bit-identical, first difference, tolerances, volatile fields, exits."""
+"""`coppelius diff`: bit-identical, first difference, tolerances, volatile fields, exits (issue 6);
+--across-backends (issue 12); fleet classes (issue 16)."""
 from __future__ import annotations
 
 import json
@@ -193,6 +194,12 @@ INTERPRET = dict(backend=R.BACKEND_INTERPRET, device_name="cpu (triton interpret
                  compute_capability=0, driver_version=0)
 CUDA = dict(backend=R.BACKEND_CUDA, device_name="NVIDIA H200", compute_capability=90,
             driver_version=13000, checkpoint_sha256=np.arange(32, dtype=np.uint8))
+
+
+def test_across_backends_defaults_are_verify_budgets():
+    from host import cmd_verify as V
+    assert D.ACROSS_BACKENDS_ATOL == V.ROW_ATOL == V.LOGIT_ATOL      # the comment's claim
+    assert D.ACROSS_BACKENDS_RTOL == 2.0 ** -7                       # one bf16 ulp, relative
 
 
 def _backend_pair(tmp_path):
