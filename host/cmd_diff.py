@@ -166,14 +166,14 @@ def classify(paths, atol: float = 0.0, rtol: float = 0.0, across_backends: bool 
                 break
         if home is None:
             rep = compare(classes[0][0], rf, atol, rtol, across_backends) if classes else None
-            home = {"class": len(classes) + 1, "members": [], "files": [],
+            home = {"class": len(classes) + 1, "members": [], "member_details": [],
                     "verdict_vs_first": None if rep is None else rep["verdict"],
                     "first_difference": _first_difference(rep)}
             classes.append((rf, home))
             entries.append(home)
         member["verdict"] = rep["verdict"] if home["members"] else "first member"
         home["members"].append(str(path))
-        home["files"].append(member)
+        home["member_details"].append(member)
         reports.append(rep)
         del rf                                    # a non-first member's map closes here
     return {"files": [str(p) for p in paths], "across_backends": across_backends,
@@ -526,10 +526,10 @@ def _shown(field: str, value) -> str:
 def _rules(rep: dict) -> str:
     tol = f"atol {rep['atol']:g}, rtol {rep['rtol']:g}"
     if rep["across_backends"]:
-        return f"across backends: numbers within {tol}; backend and device identity never count"
-    if rep["atol"] or rep["rtol"]:
-        return f"numbers within {tol}"
-    return "bits must match"
+        return (f"across backends: numbers within {tol}; identity, time-dependent and environment "
+                "fields never count")
+    numbers = f"numbers within {tol}" if rep["atol"] or rep["rtol"] else "bits must match"
+    return f"{numbers}; time-dependent and environment fields never count"
 
 
 def render(rep: dict) -> None:
@@ -598,12 +598,13 @@ def render(rep: dict) -> None:
 
 
 def _cell(files: list[dict], field: str) -> str:
-    """The distinct values of one field among a class's members, with counts when they vary."""
+    """The distinct values of one field among a class's members, one a line, with counts when
+    they vary."""
     shown = [_shown(field, m[field]) for m in files]
     distinct = list(dict.fromkeys(shown))
     if len(distinct) == 1:
         return distinct[0]
-    return ", ".join(f"{v} ×{shown.count(v)}" for v in distinct)
+    return "\n".join(f"{v} ×{shown.count(v)}" for v in distinct)
 
 
 def _difference_text(d: dict | None) -> str:
@@ -625,15 +626,14 @@ def render_fleet(fleet: dict) -> None:
     n, k = len(fleet["files"]), len(fleet["classes"])
     colour = "green" if fleet["same"] else "red"
     verdict = f"all {n} in one class" if k == 1 else f"{k} classes"
-    c.print(f"{n} result files: [bold {colour}]{verdict}[/bold {colour}] ({_rules(fleet)}; "
-            "time-dependent and environment fields never count)")
+    c.print(f"{n} result files: [bold {colour}]{verdict}[/bold {colour}] ({_rules(fleet)})")
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("class", "files", "device", "cc", "driver", "PTX", "backend", "outcome", "c0",
                 "first difference from class 1"):
         t.add_column(col, justify="right" if col in ("class", "files", "cc", "driver", "c0")
                      else "left")
     for cls in fleet["classes"]:
-        files = cls["files"]
+        files = cls["member_details"]
         t.add_row(str(cls["class"]), str(len(files)), _cell(files, "device_name"),
                   _cell(files, "compute_capability"), _cell(files, "driver_version"),
                   _cell(files, "ptx_target"), _cell(files, "backend"), _cell(files, "outcome"),

@@ -323,7 +323,7 @@ def test_fleet_all_same_one_class(tmp_path, capsys):
     assert rc == 0 and rep["same"] and len(rep["classes"]) == 1
     (cls,) = rep["classes"]
     assert cls["members"] == [str(p) for p in paths] and cls["first_difference"] is None
-    assert [f["verdict"] for f in cls["files"]] == \
+    assert [f["verdict"] for f in cls["member_details"]] == \
         ["first member"] + ["identical except time-dependent and environment fields"] * 3
     assert cli.main(["diff", *map(str, paths)]) == 0
     out = capsys.readouterr().out
@@ -342,7 +342,10 @@ def test_fleet_three_classes_in_argument_order(tmp_path, capsys):
     _fleet_file(p["d"], syn, 3)
     order = [p["a"], p["flip"], p["b"], p["c0"], p["d"]]
     rc, rep = _fleet(capsys, *order)
-    assert rc == 1 and not rep["same"]
+    assert rc == 1 and not rep["same"] and rep["verdict"] == "3 classes"
+    assert set(rep) == {"files", "across_backends", "atol", "rtol", "same", "verdict", "classes"}
+    assert rep["files"] == [str(x) for x in order]
+    assert [c["class"] for c in rep["classes"]] == [1, 2, 3]
     assert [c["members"] for c in rep["classes"]] == \
         [[str(p["a"]), str(p["b"]), str(p["d"])], [str(p["flip"])], [str(p["c0"])]]
     one, two, three = rep["classes"]
@@ -351,9 +354,9 @@ def test_fleet_three_classes_in_argument_order(tmp_path, capsys):
     assert (d["section"], d["step"], d["row"]) == ("steps", 6, 321)
     assert d["max_abs"] > 0 and 0 < d["max_rel"] < 1e-6
     assert three["first_difference"]["section"] == "forward"
-    assert [f["c0"] for f in three["files"]] == [8]
+    assert [f["c0"] for f in three["member_details"]] == [8]
     for cls in rep["classes"]:                # every member's identity, for the table
-        for f in cls["files"]:
+        for f in cls["member_details"]:
             assert {"path", "device_name", "compute_capability", "driver_version", "ptx_target",
                     "backend", "outcome", "c0"} <= set(f)
     # a tolerance that covers the one-ulp flip merges class 2 into class 1
