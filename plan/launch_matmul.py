@@ -38,18 +38,15 @@ def warps_stages(ctx: Context, bm: int, bn: int) -> tuple[int, int]:
     return (4 if small else tu.mm_warps), stages
 
 
-def _blocks(ctx: Context, bm: int, bn: int) -> dict:
-    return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": ctx.tu.mm_block_k, "GROUP_M": GROUP_M}
-
-
-def _mnk(M: int, N: int, K: int) -> dict:
-    return {"M": i32(M), "N": i32(N), "K": i32(K)}
-
-
-def _tiled(ctx, function, args, constexprs, bm, bn, programs, label, shape=None) -> Launch:
+def _tiled(ctx: Context, function: str, args: dict, constexprs: dict, M: int, N: int, K: int,
+           label: str, tiles=None, heads: int = 1, shape=None) -> Launch:
+    """A matmul-family launch over (M, N) output tiles: tile chosen, M/N/K appended to the
+    arguments, the block constexprs to the kernel's own; `shape` overrides (warps, stages)."""
+    bm, bn, programs = tile(ctx, M, N, tiles, heads)
     num_warps, num_stages = shape or warps_stages(ctx, bm, bn)
-    return triton_launch(MODULE, function, (programs,), args, constexprs | _blocks(ctx, bm, bn),
-                         num_warps=num_warps, num_stages=num_stages, label=label)
+    blocks = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": ctx.tu.mm_block_k, "GROUP_M": GROUP_M}
+    return triton_launch(MODULE, function, (programs,), args | {"M": i32(M), "N": i32(N), "K": i32(K)},
+                         constexprs | blocks, num_warps=num_warps, num_stages=num_stages, label=label)
 
 
 def matmul(ctx: Context, *, a: BufferRef, b: BufferRef, c: BufferRef, aux: BufferRef,
@@ -57,49 +54,42 @@ def matmul(ctx: Context, *, a: BufferRef, b: BufferRef, c: BufferRef, aux: Buffe
            a_transposed: bool = False, b_transposed: bool = False) -> Launch:
     """c (M, N) = epilogue(bf(A) @ bf(B)); A stored (K, M) when a_transposed, B (N, K) when
     b_transposed.  aux: the residual (EPI_RESIDUAL), [a | b] (EPI_SWIGLU_BWD), else unread."""
-    tiles = ctx.tu.swiglu_bwd_tiles if epilogue == meta.EPI_SWIGLU_BWD else None
-    bm, bn, programs = tile(ctx, M, N, tiles)
-    return _tiled(ctx, "matmul", {"a_ptr": a, "b_ptr": b, "c_ptr": c, "aux_ptr": aux} | _mnk(M, N, K),
+    return _tiled(ctx, "matmul", {"a_ptr": a, "b_ptr": b, "c_ptr": c, "aux_ptr": aux},
                   {"A_T": bool(a_transposed), "B_T": bool(b_transposed), "EPILOGUE": epilogue},
-                  bm, bn, programs, label)
+                  M, N, K, label,
+                  tiles=ctx.tu.swiglu_bwd_tiles if epilogue == meta.EPI_SWIGLU_BWD else None)
 
 
 def matmul_rotary(ctx: Context, *, x, w, qkv, h16, rstd, label: str) -> Launch:
     """qkv16 = bf(rotary(bf(rmsnorm(x)) @ bf(Wq|Wk|Wv)ᵀ)): the norm in the prologue (h16, rstd
-    stored), rotary in the epilogue."""
+    stored), rotary in the epilogue; column tiles hold whole heads."""
     p = ctx.p
-    M, N, K = ctx.T, ctx.W, ctx.D
-    bm, bn, programs = tile(ctx, M, N, heads=p.head_dim)
     return _tiled(ctx, "matmul_rotary",
                   {"x_ptr": x, "w_ptr": w, "qkv_ptr": qkv, "rope_ptr": ctx.buf("rope"),
-                   "h16_ptr": h16, "rstd_ptr": rstd} | _mnk(M, N, K),
-                  {"ROTATED": p.heads + p.kv_heads, "HEAD_DIM": p.head_dim}, bm, bn, programs, label)
+                   "h16_ptr": h16, "rstd_ptr": rstd},
+                  {"ROTATED": p.heads + p.kv_heads, "HEAD_DIM": p.head_dim},
+                  ctx.T, ctx.W, ctx.D, label, heads=p.head_dim)
 
 
 def matmul_delta(ctx: Context, *, dres16, wo, do, o32, delta, label: str) -> Launch:
-    """do = bf(dres) @ bf(Wo) (fp32) and delta = rowsum(do·o) per head in the epilogue."""
+    """do = bf(dres) @ bf(Wo) (fp32) and delta = rowsum(do·o) per head in the epilogue; column
+    tiles hold whole heads."""
     p = ctx.p
-    M, N, K = ctx.T, p.q_width, ctx.D
-    bm, bn, programs = tile(ctx, M, N, heads=p.head_dim)
     return _tiled(ctx, "matmul_delta",
-                  {"a_ptr": dres16, "b_ptr": wo, "do_ptr": do, "o_ptr": o32, "delta_ptr": delta}
-                  | _mnk(M, N, K), {"HEAD_DIM": p.head_dim}, bm, bn, programs, label)
+                  {"a_ptr": dres16, "b_ptr": wo, "do_ptr": do, "o_ptr": o32, "delta_ptr": delta},
+                  {"HEAD_DIM": p.head_dim}, ctx.T, p.q_width, ctx.D, label, heads=p.head_dim)
 
 
 def matmul_swiglu(ctx: Context, *, x, wg, wu, ab, z, h16, rstd, label: str) -> Launch:
     """rmsnorm(x) in the prologue (h16, rstd stored), gate and up products, SwiGLU."""
-    M, N, K = ctx.T, ctx.F, ctx.D
-    bm, bn, programs = tile(ctx, M, N)
     return _tiled(ctx, "matmul_swiglu",
                   {"x_ptr": x, "wg_ptr": wg, "wu_ptr": wu, "ab_ptr": ab, "z_ptr": z,
-                   "h16_ptr": h16, "rstd_ptr": rstd} | _mnk(M, N, K), {}, bm, bn, programs, label,
+                   "h16_ptr": h16, "rstd_ptr": rstd}, {}, ctx.T, ctx.F, ctx.D, label,
                   shape=(ctx.tu.mm_warps, ctx.tu.mm_stages))   # the tuning's shape whatever the tile
 
 
 def matmul_norm(ctx: Context, *, x, g, w, c, h16, rstd, label: str) -> Launch:
     """logits = bf(rmsnorm(x)·g) @ bf(Whead)ᵀ (fp32), the norm in the prologue (h16, rstd stored)."""
-    M, N, K = ctx.T, ctx.V, ctx.D
-    bm, bn, programs = tile(ctx, M, N)
     return _tiled(ctx, "matmul_norm",
-                  {"x_ptr": x, "g_ptr": g, "w_ptr": w, "c_ptr": c, "h16_ptr": h16, "rstd_ptr": rstd}
-                  | _mnk(M, N, K), {}, bm, bn, programs, label)
+                  {"x_ptr": x, "g_ptr": g, "w_ptr": w, "c_ptr": c, "h16_ptr": h16, "rstd_ptr": rstd},
+                  {}, ctx.T, ctx.V, ctx.D, label)

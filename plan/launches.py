@@ -58,18 +58,35 @@ def forward(ctx: Context) -> list[Launch]:
 
 # ---------------------------------------------------------------- backward
 
+def _linear_backward(ctx: Context, g: GradRefs, *, dy16, x16, w16, dw, out_features: int,
+                     in_features: int, labels: tuple[str, str]) -> list[Launch]:
+    """llm.c's matmul_backward of y = x @ Wᵀ, W (out, in): dW = dyᵀ @ x (the weight gradient),
+    then dn = dy @ W (the gradient at the norm output x came from), both fp32."""
+    T = ctx.T
+    return [
+        MM.matmul(ctx, a=dy16, b=x16, c=dw, aux=g.no_aux, M=out_features, N=in_features, K=T,
+                  a_transposed=True, epilogue=EPI_F32, label=labels[0]),
+        MM.matmul(ctx, a=dy16, b=w16, c=g.dn, aux=g.no_aux, M=T, N=in_features, K=out_features,
+                  epilogue=EPI_F32, label=labels[1]),
+    ]
+
+
+def _norm_backward(ctx: Context, g: GradRefs, *, x, rstd, label: str) -> Launch:
+    """dres += rmsnorm_backward(dn) of a gain-free norm site, and dres16 = bf(dres)."""
+    return B.rmsnorm_bwd(ctx, dy=g.dn, x=x, rstd=rstd, g=g.no_gain, dx=g.dres, dx16=g.dres16,
+                         has_gain=False, accumulate=True, write_bf16=True, label=label)
+
+
 def _loss_and_head_backward(ctx: Context, g: GradRefs) -> list[Launch]:
-    T, D, V = ctx.T, ctx.D, ctx.V
     last = norm_points(ctx.p) - 1
     x_final, h16_final, rstd_final = ctx.slab("resid", last), ctx.slab("h16", last), ctx.rstd(last)
     return [
         B.cross_entropy(ctx, logits=ctx.buf("logits"), targets=staging("TARGETS", "u32"),
                         loss=staging("LOSS_RECORD"), w0=loss_window("W0_LAST_CE"),
                         dlogits=g.dlogits16, label="cross_entropy"),
-        MM.matmul(ctx, a=g.dlogits16, b=h16_final, c=ctx.param("head", "grad"), aux=g.no_aux,
-                  M=V, N=D, K=T, a_transposed=True, epilogue=EPI_F32, label="head_backward.dW"),
-        MM.matmul(ctx, a=g.dlogits16, b=ctx.param("head", "w16"), c=g.dn, aux=g.no_aux,
-                  M=T, N=D, K=V, epilogue=EPI_F32, label="head_backward.dx"),
+        *_linear_backward(ctx, g, dy16=g.dlogits16, x16=h16_final, w16=ctx.param("head", "w16"),
+                          dw=ctx.param("head", "grad"), out_features=ctx.V, in_features=ctx.D,
+                          labels=("head_backward.dW", "head_backward.dx")),
         B.rmsnorm_bwd_gain(ctx, dy=g.dn, x=x_final, rstd=rstd_final, g=ctx.param("g_final"),
                            dx=g.dres, dx16=g.dres16, dg=ctx.param("g_final", "grad"),
                            write_bf16=True, label="final_norm_backward+dg"),
@@ -83,18 +100,15 @@ def _mlp_backward(ctx: Context, ly: LayerRefs, g: GradRefs) -> list[Launch]:
                   a_transposed=True, epilogue=EPI_F32, label=ly.label("mlp_backward.dWdown")),
         MM.matmul(ctx, a=g.dres16, b=ly.wdown, c=g.dab16, aux=ly.ab, M=T, N=F, K=D,
                   epilogue=EPI_SWIGLU_BWD, label=ly.label("mlp_backward.swiglu")),
-        MM.matmul(ctx, a=g.dab16, b=ly.h16_mlp, c=ly.dwgate_up, aux=g.no_aux, M=2 * F, N=D, K=T,
-                  a_transposed=True, epilogue=EPI_F32, label=ly.label("mlp_backward.dWgate_up")),
-        MM.matmul(ctx, a=g.dab16, b=ly.wgate_up, c=g.dn, aux=g.no_aux, M=T, N=D, K=2 * F,
-                  epilogue=EPI_F32, label=ly.label("mlp_backward.dh")),
-        B.rmsnorm_bwd(ctx, dy=g.dn, x=ly.resid_mlp, rstd=ly.rstd_mlp, g=g.no_gain, dx=g.dres,
-                      dx16=g.dres16, has_gain=False, accumulate=True, write_bf16=True,
-                      label=ly.label("mlp_backward.norm")),
+        *_linear_backward(ctx, g, dy16=g.dab16, x16=ly.h16_mlp, w16=ly.wgate_up, dw=ly.dwgate_up,
+                          out_features=2 * F, in_features=D,
+                          labels=(ly.label("mlp_backward.dWgate_up"), ly.label("mlp_backward.dh"))),
+        _norm_backward(ctx, g, x=ly.resid_mlp, rstd=ly.rstd_mlp, label=ly.label("mlp_backward.norm")),
     ]
 
 
 def _attention_backward(ctx: Context, ly: LayerRefs, g: GradRefs) -> list[Launch]:
-    T, D, W, Hd = ctx.T, ctx.D, ctx.W, ctx.p.q_width
+    T, D, Hd = ctx.T, ctx.D, ctx.p.q_width
     return [
         MM.matmul(ctx, a=g.dres16, b=ly.o16, c=ly.dwo, aux=g.no_aux, M=D, N=Hd, K=T,
                   a_transposed=True, epilogue=EPI_F32, label=ly.label("out_proj_backward.dWo")),
@@ -102,13 +116,10 @@ def _attention_backward(ctx: Context, ly: LayerRefs, g: GradRefs) -> list[Launch
                         label=ly.label("out_proj_backward.do+delta")),
         B.attention_bwd(ctx, qkv=ly.qkv16, do=g.do32, lse=ly.lse, delta=g.delta,
                         rope=ctx.buf("rope"), dqkv=g.dqkv16, label=ly.label("attention_backward")),
-        MM.matmul(ctx, a=g.dqkv16, b=ly.h16_attn, c=ly.dwqkv, aux=g.no_aux, M=W, N=D, K=T,
-                  a_transposed=True, epilogue=EPI_F32, label=ly.label("qkv_backward.dW")),
-        MM.matmul(ctx, a=g.dqkv16, b=ly.wqkv, c=g.dn, aux=g.no_aux, M=T, N=D, K=W,
-                  epilogue=EPI_F32, label=ly.label("qkv_backward.dh")),
-        B.rmsnorm_bwd(ctx, dy=g.dn, x=ly.resid_attn, rstd=ly.rstd_attn, g=g.no_gain, dx=g.dres,
-                      dx16=g.dres16, has_gain=False, accumulate=True, write_bf16=True,
-                      label=ly.label("qkv_backward.norm")),
+        *_linear_backward(ctx, g, dy16=g.dqkv16, x16=ly.h16_attn, w16=ly.wqkv, dw=ly.dwqkv,
+                          out_features=ctx.W, in_features=D,
+                          labels=(ly.label("qkv_backward.dW"), ly.label("qkv_backward.dh"))),
+        _norm_backward(ctx, g, x=ly.resid_attn, rstd=ly.rstd_attn, label=ly.label("qkv_backward.norm")),
     ]
 
 

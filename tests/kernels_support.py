@@ -59,7 +59,7 @@ def assert_bitwise(name: str, got, want) -> None:
     if bad.any():
         i = tuple(int(j) for j in np.argwhere(bad)[0])
         raise AssertionError(f"{name}: {int(bad.sum())} of {bad.size} elements differ, first at {i} "
-                             f"(got {got[i]!r}, want {want[i]!r})")
+                             f"(got {got[i].item()!r}, want {want[i].item()!r})")
 
 
 def assert_close(name: str, got, want, rel: float) -> None:
