@@ -1,18 +1,24 @@
 """Issue #7: flash attention forward and backward in Triton's interpreter against the reference
 stages: grouped heads, causal mask, several block shapes, outputs poisoned, runs repeat bitwise;
-the backward's epilogues apply rotary_backward and round to bf16 (the qkv_backward operands)."""
+the backward's epilogues apply rotary_backward and round to bf16 (the qkv_backward operands).
+
+The kernels have no row masks: T must be a multiple of both blocks (and BLOCK_M of BLOCK_N).
+The awkward cases here are the ones they can run (a single block, six heads, BLOCK_M = 4·BLOCK_N);
+the launch builder refuses the ones they cannot (test_builder_refuses_blocks_that_do_not_tile_t)."""
 from __future__ import annotations
 
-import math
+import dataclasses
 
 import numpy as np
 import pytest
-from kernels_support import (ONE_BF16_ULP, assert_close, assert_written, bf16_tensor, f32,
-                             poisoned)
+from kernels_support import (ONE_BF16_ULP, assert_bitwise, assert_close, assert_written, bf16_tensor,
+                             f32, poisoned)
 
 import torch
+from plan import launch_builders, profiles
 from plan import reference as ref
 from plan.kernels.attention import attention_bwd, attention_fwd
+from plan.launch_refs import Context, layer_refs
 
 # Flash attention rounds bf(exp(s − m)) before normalizing (NUMERICS.md): ≤ 1 bf16 ulp of p.
 ATTENTION_OUT = ONE_BF16_ULP / 2       # measured worst 1.9e-3 of max|o|
@@ -27,6 +33,8 @@ CASES = [  # T, H, G, d, BLOCK_M, BLOCK_N
     (192, 4, 2, 32, 64, 32),
     (128, 4, 1, 64, 32, 32),
     (256, 2, 2, 16, 128, 64),
+    (32, 2, 1, 16, 32, 32),      # T = one block: a single program per head, the diagonal only
+    (128, 6, 3, 32, 64, 16),     # six heads (not a power of 2); BLOCK_M = 4·BLOCK_N
 ]
 
 
@@ -86,7 +94,7 @@ def test_attention_backward_matches_stage(T, H, G, d, bm, bn):
                                                      dqkv, T, **consts)
         assert_written("dqkv", dqkv)
         runs.append(dqkv)
-    assert torch.equal(runs[0], runs[1]), "attention backward differs between identical runs"
+    assert_bitwise("attention backward of two identical runs", f32(runs[0]), f32(runs[1]))
     at = ref.attention(q, k, v, d)
     dq, dk, dv = ref.attention_backward(do, q, k, v, f32(o32), at.p, d)
     got = f32(runs[0])
@@ -96,3 +104,22 @@ def test_attention_backward_matches_stage(T, H, G, d, bm, bn):
     assert_close("bf(dk)", got[:, H * d:(H + G) * d], ref.bf16(ref.rotary_backward(dk, cos, sin)),
                  ATTENTION_GRAD16)
     assert_close("bf(dv)", got[:, (H + G) * d:], ref.bf16(dv), ATTENTION_GRAD16)
+
+
+@pytest.mark.parametrize("context,blocks", [
+    (1000, None),                # tiny's 128×128 blocks: 1000 is no multiple of 128
+    (1024, (128, 96)),           # T a multiple of BLOCK_M but not of BLOCK_N
+    (1024, (32, 64)),            # BLOCK_M not a multiple of BLOCK_N
+])
+@pytest.mark.parametrize("which", ["attention_fwd", "attention_bwd"])
+def test_builder_refuses_blocks_that_do_not_tile_t(context, blocks, which):
+    """A shape the kernels cannot run (they load whole blocks) never becomes a launch."""
+    ctx = Context(dataclasses.replace(profiles.get("tiny"), context=context))
+    if blocks:
+        ctx.tu = dataclasses.replace(ctx.tu, attn_m=blocks[0], attn_n=blocks[1])
+    ly = layer_refs(ctx, 0)
+    args = (dict(qkv=ly.qkv16, o16=ly.o16, o32=ly.o32, lse=ly.lse) if which == "attention_fwd" else
+            dict(qkv=ly.qkv16, do=ctx.buf("do32"), lse=ly.lse, delta=ctx.buf("delta"),
+                 rope=ctx.buf("rope"), dqkv=ctx.buf("dqkv16")))
+    with pytest.raises(ValueError, match=f"do not tile T={context}"):
+        getattr(launch_builders, which)(ctx, label="refused", **args)

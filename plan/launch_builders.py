@@ -1,0 +1,202 @@
+"""Launch builders of the other kernel families: release, row norms, attention, cross-entropy,
+predictions, embedding backward, AdamW, casts and copies.
+
+One function per kernel; buffers by keyword (the kernel's `*_ptr` names without the suffix), flags
+by keyword; grid, blocks and warps come from the profile's tuning.  A builder refuses a shape its
+kernel cannot run.  Plain data: no Triton.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from plan import profiles as _profiles
+from plan.launch_refs import Context, staging
+from plan.launch_types import (RELEASE, BufferRef, Launch, RunScalar, StagingRef, cdiv, i32,
+                               next_pow2, triton_launch)
+from staging import layout as SL
+
+
+def release(submission: int, which: int) -> Launch:
+    """The hand-written release kernel: writes the semaphore slot `which` of `submission`."""
+    prelaunch = which == SL.SLOT_PRELAUNCH_RELEASE
+    part = "SLOT_PRELAUNCH_RELEASE" if prelaunch else "SLOT_FINAL_RELEASE"
+    slot = SL.semaphore_slot(submission) + which
+    args = (("doorbell_ptr", staging("DOORBELL", "u32")),
+            ("slot_ptr", StagingRef(f"semaphore_slot({submission}) + {part}", slot, "u32")))
+    return Launch(RELEASE, "", RELEASE, (1, 1, 1), args, (), 1, 1,
+                  "prelaunch_release" if prelaunch else "final_release")
+
+
+# ---------------------------------------------------------------- row norms
+
+def _row_programs(ctx: Context) -> int:
+    return cdiv(ctx.T, ctx.tu.rows)
+
+
+def embed_fwd(ctx: Context, *, ids, table, g, emb, rstd, x, rope, next_row, label: str) -> Launch:
+    """emb = E[ids], rstd, x = rmsnorm(emb)·g; the rotary table and the next-row links."""
+    tu = ctx.tu
+    return triton_launch("plan.kernels.norms", "embed_fwd", (_row_programs(ctx),),
+                         {"ids_ptr": ids, "table_ptr": table, "g_ptr": g, "emb_ptr": emb,
+                          "rstd_ptr": rstd, "x_ptr": x, "rope_ptr": rope, "next_ptr": next_row,
+                          "T": i32(ctx.T)},
+                         {"D": ctx.D, "HEAD_DIM": ctx.p.head_dim, "BLOCK_R": tu.rows,
+                          "BLOCK_D": next_pow2(ctx.D), "BLOCK_T": next_pow2(ctx.T)},
+                         num_warps=tu.rows_warps, num_stages=1, label=label)
+
+
+def rmsnorm_bwd(ctx: Context, *, dy, x, rstd, g, dx, dx16, has_gain: bool, accumulate: bool,
+                write_bf16: bool, label: str) -> Launch:
+    """dx [+]= rmsnorm_backward(dy [·g]); dx16 = bf(dx) when write_bf16 (g unread without gain)."""
+    tu = ctx.tu
+    return triton_launch("plan.kernels.norms", "rmsnorm_bwd", (_row_programs(ctx),),
+                         {"dy_ptr": dy, "x_ptr": x, "rstd_ptr": rstd, "g_ptr": g, "dx_ptr": dx,
+                          "dx16_ptr": dx16, "T": i32(ctx.T)},
+                         {"D": ctx.D, "HAS_GAIN": has_gain, "ACCUMULATE": accumulate,
+                          "WRITE_BF16": write_bf16, "BLOCK_R": tu.rows, "BLOCK_D": next_pow2(ctx.D)},
+                         num_warps=tu.rows_warps, num_stages=1, label=label)
+
+
+def rmsnorm_bwd_gain(ctx: Context, *, dy, x, rstd, g, dx, dx16, dg, write_bf16: bool,
+                     label: str) -> Launch:
+    """A gained norm's backward: dx (and dx16) by row blocks and dg by column blocks, side by
+    side in one grid (the two halves only read what they share)."""
+    tu = ctx.tu
+    cols = min(tu.gain_cols, next_pow2(ctx.D))
+    return triton_launch("plan.kernels.norms", "rmsnorm_bwd_gain",
+                         (_row_programs(ctx) + cdiv(ctx.D, cols),),
+                         {"dy_ptr": dy, "x_ptr": x, "rstd_ptr": rstd, "g_ptr": g, "dx_ptr": dx,
+                          "dx16_ptr": dx16, "dg_ptr": dg, "T": i32(ctx.T)},
+                         {"D": ctx.D, "WRITE_BF16": write_bf16, "BLOCK_R": tu.rows,
+                          "BLOCK_D": next_pow2(ctx.D), "GAIN_ROWS": tu.gain_rows, "GAIN_COLS": cols},
+                         num_warps=tu.rows_warps, num_stages=1, label=label)
+
+
+# ---------------------------------------------------------------- attention
+
+def attention_scale(head_dim: int) -> float:
+    """d^-½ rounded once to fp32 (the SCALE constexpr)."""
+    return float(np.float32(1.0 / math.sqrt(head_dim)))
+
+
+def attention_constexprs(ctx: Context) -> dict:
+    """The attention kernels' constexprs; refuses blocks that do not tile T (the kernels have no
+    row masks: every block is whole)."""
+    tu, p = ctx.tu, ctx.p
+    if ctx.T % tu.attn_m or ctx.T % tu.attn_n or tu.attn_m % tu.attn_n:
+        raise ValueError(f"attention blocks {tu.attn_m}×{tu.attn_n} do not tile T={ctx.T}; hint: "
+                         "T must be a multiple of both and BLOCK_M a multiple of BLOCK_N")
+    return {"SCALE": attention_scale(p.head_dim), "HEADS": p.heads, "KV_HEADS": p.kv_heads,
+            "HEAD_DIM": p.head_dim, "BLOCK_M": tu.attn_m, "BLOCK_N": tu.attn_n}
+
+
+def attention_fwd(ctx: Context, *, qkv, o16, o32, lse, label: str) -> Launch:
+    """Causal flash attention forward: one program per (query block, head)."""
+    tu = ctx.tu
+    consts = attention_constexprs(ctx)
+    return triton_launch("plan.kernels.attention", "attention_fwd", (ctx.T // tu.attn_m, ctx.p.heads),
+                         {"qkv_ptr": qkv, "o16_ptr": o16, "o32_ptr": o32, "lse_ptr": lse,
+                          "T": i32(ctx.T)},
+                         consts, num_warps=tu.attn_warps, num_stages=2, label=label)
+
+
+def attention_bwd(ctx: Context, *, qkv, do, lse, delta, rope, dqkv, label: str) -> Launch:
+    """dK/dV programs (kv block, kv head), then dQ programs (query block, head), in one grid."""
+    tu, p = ctx.tu, ctx.p
+    consts = attention_constexprs(ctx)
+    programs = ctx.T // tu.attn_n * p.kv_heads + ctx.T // tu.attn_m * p.heads
+    return triton_launch("plan.kernels.attention", "attention_bwd", (programs,),
+                         {"qkv_ptr": qkv, "do_ptr": do, "lse_ptr": lse, "delta_ptr": delta,
+                          "rope_ptr": rope, "dqkv_ptr": dqkv, "T": i32(ctx.T)},
+                         consts, num_warps=tu.attn_warps, num_stages=2, label=label)
+
+
+# ---------------------------------------------------------------- loss, predictions, embedding
+
+def cross_entropy(ctx: Context, *, logits, targets, loss, w0, dlogits, label: str) -> Launch:
+    """ce per row to the loss record and w0; dlogits = bf((softmax − onehot)/T)."""
+    tu = ctx.tu
+    return triton_launch("plan.kernels.cross_entropy", "cross_entropy", (cdiv(ctx.T, tu.ce_rows),),
+                         {"logits_ptr": logits, "targets_ptr": targets, "loss_ptr": loss,
+                          "w0_ptr": w0, "dlogits_ptr": dlogits, "T": i32(ctx.T)},
+                         {"V": ctx.V, "ROWS": tu.ce_rows, "BLOCK_V": next_pow2(ctx.V)},
+                         num_warps=tu.ce_warps, num_stages=1, label=label)
+
+
+def predictions(ctx: Context, *, logits, pred, label: str) -> Launch:
+    """Argmax and validity of the PREDICTION_ROWS rows of the logits: one program per row."""
+    r0, r1, r2 = _profiles.PREDICTION_ROWS
+    return triton_launch("plan.kernels.cross_entropy", "predictions", (SL.PREDICTION_COUNT,),
+                         {"logits_ptr": logits, "pred_ptr": pred},
+                         {"V": ctx.V, "ROW0": r0, "ROW1": r1, "ROW2": r2, "BLOCK_V": next_pow2(ctx.V)},
+                         num_warps=ctx.tu.ce_warps, num_stages=1, label=label)
+
+
+def embed_grad(ctx: Context, *, ids, next_row, de, de_table, w1, label: str) -> Launch:
+    """dE by vocabulary blocks, rows summed in increasing order; dE's first words also to w1."""
+    tu = ctx.tu
+    return triton_launch("plan.kernels.embed_grad", "embed_grad", (cdiv(ctx.V, tu.vocab_block),),
+                         {"ids_ptr": ids, "next_ptr": next_row, "de_ptr": de,
+                          "de_table_ptr": de_table, "w1_ptr": w1, "T": i32(ctx.T), "V": i32(ctx.V)},
+                         {"D": ctx.D, "W1_WORDS": SL.LOSS_WINDOW_WORDS, "BLOCK_V": tu.vocab_block,
+                          "BLOCK_T": next_pow2(ctx.T), "BLOCK_D": next_pow2(ctx.D)},
+                         num_warps=4, num_stages=1, label=label)
+
+
+# ---------------------------------------------------------------- learner, casts, copies
+
+def adamw_constexprs(profile, block: int) -> dict:
+    """The learner's constants as the kernel bakes them: fp32-rounded where it computes in fp32,
+    float64 where it forms the bias corrections (NUMERICS.md §AdamW)."""
+    gains = [q for q in profile.parameters if not q.decay]
+    if len(gains) != 2:
+        raise ValueError(f"profile {profile.name}: AdamW expects two undecayed ranges, got {len(gains)}")
+    lr = profile.learner
+
+    def f32(x: float) -> float:
+        return float(np.float32(x))
+
+    def frac(r) -> float:
+        return r.numerator / r.denominator
+
+    def one_minus(r) -> float:
+        return (r.denominator - r.numerator) / r.denominator
+
+    lr_decay_den = lr.lr.denominator * lr.decay.denominator      # 1 − lr·decay as one division
+    embed = profile.parameter("embed")
+    return {"GAIN0_START": gains[0].offset, "GAIN0_END": gains[0].end,
+            "GAIN1_START": gains[1].offset, "GAIN1_END": gains[1].end,
+            "EMBED_START": embed.offset, "EMBED_END": embed.end,
+            "LR": frac(lr.lr), "BETA1_F64": frac(lr.beta1), "BETA2_F64": frac(lr.beta2),
+            "DECAY": f32((lr_decay_den - lr.lr.numerator * lr.decay.numerator) / lr_decay_den),
+            "BETA1": f32(frac(lr.beta1)), "ONE_MINUS_BETA1": f32(one_minus(lr.beta1)),
+            "BETA2": f32(frac(lr.beta2)), "ONE_MINUS_BETA2": f32(one_minus(lr.beta2)),
+            "EPS": f32(frac(lr.epsilon)), "BLOCK": block}
+
+
+def adamw(ctx: Context, *, pmv, grad, w16, doorbell, label: str) -> Launch:
+    """One AdamW update of the P/M/V planes at t = t_base + doorbell; the bf16 copy rewritten."""
+    tu = ctx.tu
+    return triton_launch("plan.kernels.adamw", "adamw", (cdiv(ctx.N, tu.adamw_block),),
+                         {"pmv_ptr": pmv, "grad_ptr": grad, "w16_ptr": w16, "doorbell_ptr": doorbell,
+                          "t_base": RunScalar("t_base", "i64"), "N": i32(ctx.N)},
+                         adamw_constexprs(ctx.p, tu.adamw_block),
+                         num_warps=tu.adamw_warps, num_stages=1, label=label)
+
+
+def cast_bf16(ctx: Context, *, src, dst, label: str) -> Launch:
+    """dst = bf(src) over the N parameters (refreshes w16 from the P plane)."""
+    tu = ctx.tu
+    return triton_launch("plan.kernels.adamw", "cast_bf16", (cdiv(ctx.N, tu.adamw_block),),
+                         {"src_ptr": src, "dst_ptr": dst, "N": i32(ctx.N)}, {"BLOCK": tu.adamw_block},
+                         num_warps=tu.adamw_warps, num_stages=1, label=label)
+
+
+def copy(ctx: Context, *, src: BufferRef, dst: StagingRef, n: int, label: str) -> Launch:
+    """dst[0:n] = src[0:n], fp32 words (record rows, the w2/w3 windows)."""
+    block = ctx.tu.copy_block
+    return triton_launch("plan.kernels.copy", "copy_f32", (cdiv(n, block),),
+                         {"src_ptr": src, "dst_ptr": dst, "N": i32(n)}, {"BLOCK": block},
+                         num_warps=4, num_stages=1, label=label)

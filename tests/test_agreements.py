@@ -1,0 +1,125 @@
+"""Constants that two places must agree on, checked: the kernels (and the values the launch lists
+bake into them) against plan/profiles.py, the reference model and staging/layout.py."""
+from __future__ import annotations
+
+import math
+
+import kernels_support  # noqa: F401  (sets up the interpreter before plan.kernels is imported)
+import numpy as np
+import pytest
+import torch
+
+from plan import launches, profiles
+from plan import reference as ref
+from plan import reference_numerics, reference_stages
+from plan.buffers import DTYPE_BYTES
+from plan.kernels import matmul, meta, norms, rotary
+from staging import layout as SL
+
+PROFILES = profiles.names()
+
+
+def _launches(profile, function: str):
+    found = [x for s in launches.submissions(profile) for x in s.launches if x.function == function]
+    assert found, f"no {function} launch in {profile.name}"
+    return found
+
+
+def test_rms_eps_is_one_value_everywhere():
+    assert profiles.RMS_EPS == 1e-6                                    # SPEC §3
+    assert meta.RMS_EPS == profiles.RMS_EPS
+    assert norms.RMS_EPS.value == meta.RMS_EPS                         # the row kernels' constexpr
+    assert matmul.RMS_EPS is norms.RMS_EPS                             # the fused prologues'
+    assert reference_numerics.RMS_EPS == np.float32(profiles.RMS_EPS)
+    assert reference_stages.RMS_EPS is reference_numerics.RMS_EPS
+
+
+def test_rotary_base_is_one_value_everywhere():
+    assert profiles.ROPE_BASE == 10000.0                               # SPEC §3
+    # the kernel spells the base as its float64 natural log: exp(-2i/d · ln 10000)
+    assert rotary.LN_ROPE_BASE.value == math.log(profiles.ROPE_BASE)
+    # the reference's table: angle = pos · base^(-2i/d), float64, rounded once
+    cos, sin = ref.rotary_tables(type("P", (), {"context": 3, "head_dim": 8})())
+    for i in range(4):
+        angle = 2 * profiles.ROPE_BASE ** (-2.0 * i / 8)
+        assert (cos[2, i], sin[2, i]) == (np.float32(math.cos(angle)), np.float32(math.sin(angle))), i
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_attention_scale_is_the_reference_scale(name):
+    prof = profiles.get(name)
+    want = float(ref.attention_scale(prof.head_dim))
+    for launch in _launches(prof, "attention_fwd") + _launches(prof, "attention_bwd"):
+        c = dict(launch.constexprs)
+        assert c["SCALE"] == want, f"{launch.label}: SCALE {c['SCALE']!r} != reference {want!r}"
+        assert (c["HEADS"], c["KV_HEADS"], c["HEAD_DIM"]) == (prof.heads, prof.kv_heads, prof.head_dim)
+    if name == "coppelius":
+        assert want == 0.125                                           # SPEC §3: 1/8 for d = 64
+
+
+@pytest.mark.parametrize("name", PROFILES)
+@pytest.mark.parametrize("t", [1, 7, 10000])
+def test_adamw_constants_are_the_reference_learners(name, t):
+    prof = profiles.get(name)
+    (launch,) = _launches(prof, "adamw")
+    c = dict(launch.constexprs)
+    want = ref.adamw_constants(prof, t)
+    for kernel_name, ref_name in (("DECAY", "decay"), ("BETA1", "beta1"),
+                                  ("ONE_MINUS_BETA1", "one_minus_beta1"), ("BETA2", "beta2"),
+                                  ("ONE_MINUS_BETA2", "one_minus_beta2"), ("EPS", "eps")):
+        assert np.float32(c[kernel_name]) == want[ref_name], (kernel_name, c[kernel_name], want[ref_name])
+        assert c[kernel_name] == float(np.float32(c[kernel_name])), f"{kernel_name} is not an fp32 value"
+    lr = prof.learner
+    # the bias corrections are formed in float64 from these (NUMERICS.md §AdamW)
+    assert (c["LR"], c["BETA1_F64"], c["BETA2_F64"]) == (float(lr.lr), float(lr.beta1), float(lr.beta2))
+    assert np.float32(c["LR"] / (1.0 - c["BETA1_F64"] ** t)) == want["step_size"]
+    assert np.float32(math.sqrt(1.0 - c["BETA2_F64"] ** t)) == want["bc2_sqrt"]
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_adamw_ranges_are_the_parameter_table(name):
+    prof = profiles.get(name)
+    (launch,) = _launches(prof, "adamw")
+    c = dict(launch.constexprs)
+    undecayed = np.zeros(prof.parameter_count, bool)
+    undecayed[c["GAIN0_START"]:c["GAIN0_END"]] = True
+    undecayed[c["GAIN1_START"]:c["GAIN1_END"]] = True
+    assert np.array_equal(undecayed, ~ref.decay_mask(prof)), "the kernel's gain ranges"
+    embed = prof.parameter("embed")
+    assert (c["EMBED_START"], c["EMBED_END"]) == (embed.offset, embed.end)
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_prediction_rows_are_the_profiles_and_the_layouts(name):
+    prof = profiles.get(name)
+    assert SL.PREDICTION_COUNT == len(profiles.PREDICTION_ROWS)
+    assert all(0 <= r < prof.context for r in profiles.PREDICTION_ROWS)
+    for launch in _launches(prof, "predictions"):
+        c = dict(launch.constexprs)
+        assert (c["ROW0"], c["ROW1"], c["ROW2"]) == profiles.PREDICTION_ROWS
+        assert launch.grid == (SL.PREDICTION_COUNT, 1, 1)
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_window_sizes_are_the_layouts(name):
+    prof = profiles.get(name)
+    (grad,) = _launches(prof, "embed_grad")
+    assert dict(grad.constexprs)["W1_WORDS"] == SL.LOSS_WINDOW_WORDS
+    copies = {x.label: x for x in _launches(prof, "copy_f32")}
+    assert copies["w2"].arg("N").value == copies["w3"].arg("N").value == SL.LOSS_WINDOW_WORDS
+    for label, x in copies.items():
+        if label.startswith("record.row"):
+            assert x.arg("N").value == prof.vocab, label                # one logits row
+
+
+def test_epilogue_codes_are_the_kernels():
+    codes = {n: getattr(meta, n) for n in ("EPI_F32", "EPI_BF16", "EPI_RESIDUAL", "EPI_SWIGLU_BWD")}
+    assert len(set(codes.values())) == len(codes), "epilogue codes collide"
+    for n, v in codes.items():
+        assert getattr(matmul, n).value == v, n
+
+
+def test_dtype_sizes_are_the_element_sizes():
+    sizes = {"fp32": torch.float32, "bf16": torch.bfloat16, "i32": torch.int32, "u32": torch.uint32}
+    for name, dtype in sizes.items():
+        assert DTYPE_BYTES[name] == torch.empty((), dtype=dtype).element_size(), name

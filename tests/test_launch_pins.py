@@ -1,0 +1,52 @@
+"""The launch lists are pinned: a digest of every launch's entry, grid, arguments and constexprs.
+
+A refactor of plan/launch*.py must leave these digests alone (the compiled specializations, and
+so the committed PTX, stay what they were).  A change on purpose changes them: rebuild the PTX
+(tools/build_ptx.py), check the rebuild test, and update the pin here to the value the failure
+prints, saying in the commit what moved.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+
+import pytest
+
+from plan import launches, profiles
+
+# profile: (sha256 of the launch lists, launches per submission, distinct compiled entries)
+PINS = {
+    "coppelius": ("a1814417b94a35bc9c3b01df2af73b3ed107ba7d2205e9f84a3c61cd62783b24", (54, 155, 53), 23),
+    "tiny": ("d75c7a3179ac095679fe887365707b8d111621b8415cd95375813baf2a8b4748", (19, 43, 18), 21),
+}
+
+
+def launch_lists_digest(subs) -> str:
+    """sha256 of repr() of every launch's fields, submission by submission, in order."""
+    lists = [(s.name, [(x.kernel, x.module, x.function, x.grid, x.args, x.constexprs, x.num_warps,
+                        x.num_stages, x.label) for x in s.launches]) for s in subs]
+    return hashlib.sha256(repr(lists).encode()).hexdigest()
+
+
+@pytest.mark.parametrize("name", sorted(PINS))
+def test_launch_lists_match_their_pin(name):
+    prof = profiles.get(name)
+    subs = launches.submissions(prof)
+    digest, counts, entries = PINS[name]
+    got_counts = tuple(len(s.launches) for s in subs)
+    assert got_counts == counts, f"{name}: launches per submission {got_counts}, pinned {counts}"
+    assert len(launches.kernels(prof)) == entries, f"{name}: compiled entries changed"
+    got = launch_lists_digest(subs)
+    assert got == digest, (f"{name}: launch lists changed (digest {got}); if on purpose, rebuild the "
+                           "PTX and update PINS in tests/test_launch_pins.py")
+
+
+@pytest.mark.parametrize("field,value", [("constexprs", (("EXTRA", 1),)), ("grid", (2, 1, 1)),
+                                         ("args", ()), ("num_warps", 2)])
+def test_digest_sees_one_changed_field(field, value):
+    """The pin covers every field: one field of one launch changed changes the digest."""
+    subs = launches.submissions(profiles.get("tiny"))
+    update = subs[1]
+    changed = dataclasses.replace(update.launches[3], **{field: value})
+    edited = dataclasses.replace(update, launches=update.launches[:3] + (changed,) + update.launches[4:])
+    assert launch_lists_digest((subs[0], edited, subs[2])) != launch_lists_digest(subs)
