@@ -1,8 +1,9 @@
 """Device buffers of the plan: names, element types and shapes, all derived from the profile.
 
-`pmv`, `grad` and `w16` are fixed by the design (P/M/V planes in one fp32 buffer, the flat
-gradient and the bf16 weight copy in the P plane's layout); the rest hold the activations the
-backward pass reads.  Backends allocate each buffer separately (so every base is 256-byte
+`pmv` and `w16` are fixed by the design (P/M/V planes in one fp32 buffer, the bf16 weight copy in
+the P plane's layout); the rest hold the activations the backward pass reads and its scratch.
+There is no gradient plane: the weight-gradient launches and embed_grad apply AdamW to each
+gradient tile in registers; only the two gains' gradients wait in `dgain` for their update.  Backends allocate each buffer separately (so every base is 256-byte
 aligned on cuda) and resolve launch arguments `BufferRef(name, element offset)` against them.
 Plain data: no Triton, no torch.
 """
@@ -10,7 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from plan.tuning import tuning
+
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "i32": 4, "u32": 4}
+GAINS = ("g_embed", "g_final")      # the rows of `dgain`, in parameter order
 
 
 @dataclass(frozen=True)
@@ -47,11 +51,13 @@ def buffers(profile) -> dict[str, BufferSpec]:
     T, D, V, F, L = profile.context, profile.width, profile.vocab, profile.hidden, profile.layers
     N, W, Hd, H = profile.parameter_count, qkv_width(profile), profile.q_width, profile.heads
     S = norm_points(profile)
+    tu = tuning(profile)
     specs = [
         BufferSpec("pmv", "fp32", (3, N), "P plane at 0, M at N, V at 2N (the checkpoint payload)"),
-        BufferSpec("grad", "fp32", (N,), "flat gradient of mean(ce), P-plane layout"),
         BufferSpec("w16", "bf16", (N,), "bf16 copy of P (the matmuls' weights; AdamW leaves E and "
                    "the gains stale: nothing reads them as bf16)"),
+        BufferSpec("dgain", "fp32", (len(GAINS), D), "gradients of g_embed and g_final, until "
+                   "embed_grad applies AdamW to them"),
         BufferSpec("emb", "fp32", (T, D), "gathered embedding rows E[inputs]"),
         BufferSpec("resid", "fp32", (S, T, D), "residual stream entering each norm site"),
         BufferSpec("rstd", "fp32", (S + 1, T), "1/rms per row: embed norm, then each norm site"),
@@ -65,9 +71,10 @@ def buffers(profile) -> dict[str, BufferSpec]:
         BufferSpec("z16", "bf16", (L, T, F), "bf(silu(a)·b) per layer"),
         BufferSpec("logits", "fp32", (T, V), "head output"),
         BufferSpec("dlogits16", "bf16", (T, V), "bf((softmax − onehot)/T)"),
-        BufferSpec("dn", "fp32", (T, D), "gradient at a norm output (dhf, dh)"),
+        BufferSpec("dn", "fp32", (tu.dn_splits, T, D), "gradient at a norm output (dhf, dh): "
+                   "split-K partials, summed in order by the norm backward"),
         BufferSpec("dres", "fp32", (T, D), "residual-stream gradient"),
-        BufferSpec("dres16", "bf16", (T, D), "bf(residual-stream gradient)"),
+        BufferSpec("dres16", "bf16", (2, T, D), "bf(residual-stream gradient), two slabs in turn"),
         BufferSpec("dab16", "bf16", (T, 2 * F), "bf(da) | bf(db)"),
         BufferSpec("do32", "fp32", (T, Hd), "gradient at the attention output"),
         BufferSpec("delta", "fp32", (H, T), "rowsum(do·o) per head"),

@@ -12,6 +12,7 @@ import math
 import numpy as np
 
 from plan import profiles as _profiles
+from plan.buffers import GAINS
 from plan.launch_refs import Context, staging
 from plan.launch_types import (RELEASE, BufferRef, Launch, RunScalar, StagingRef, cdiv, i32,
                                next_pow2, triton_launch)
@@ -48,19 +49,21 @@ def embed_fwd(ctx: Context, *, ids, table, g, emb, rstd, x, rope, next_row, labe
 
 
 def rmsnorm_bwd(ctx: Context, *, dy, x, rstd, g, dx, dx16, has_gain: bool, accumulate: bool,
-                write_bf16: bool, label: str) -> Launch:
-    """dx [+]= rmsnorm_backward(dy [·g]); dx16 = bf(dx) when write_bf16 (g unread without gain)."""
+                write_bf16: bool, label: str, dy_parts: int = 1) -> Launch:
+    """dx [+]= rmsnorm_backward(dy [·g]); dx16 = bf(dx) when write_bf16 (g unread without gain);
+    dy as `dy_parts` split-K partials, summed in order."""
     tu = ctx.tu
     return triton_launch("plan.kernels.norms", "rmsnorm_bwd", (_row_programs(ctx),),
                          {"dy_ptr": dy, "x_ptr": x, "rstd_ptr": rstd, "g_ptr": g, "dx_ptr": dx,
                           "dx16_ptr": dx16, "T": i32(ctx.T)},
                          {"D": ctx.D, "HAS_GAIN": has_gain, "ACCUMULATE": accumulate,
-                          "WRITE_BF16": write_bf16, "BLOCK_R": tu.rows, "BLOCK_D": next_pow2(ctx.D)},
+                          "WRITE_BF16": write_bf16, "BLOCK_R": tu.rows, "BLOCK_D": next_pow2(ctx.D),
+                          "DY_PARTS": dy_parts},
                          num_warps=tu.rows_warps, num_stages=1, label=label)
 
 
 def rmsnorm_bwd_gain(ctx: Context, *, dy, x, rstd, g, dx, dx16, dg, write_bf16: bool,
-                     label: str) -> Launch:
+                     label: str, dy_parts: int = 1) -> Launch:
     """A gained norm's backward: dx (and dx16) by row blocks and dg by column blocks, side by
     side in one grid (the two halves only read what they share)."""
     tu = ctx.tu
@@ -70,7 +73,8 @@ def rmsnorm_bwd_gain(ctx: Context, *, dy, x, rstd, g, dx, dx16, dg, write_bf16: 
                          {"dy_ptr": dy, "x_ptr": x, "rstd_ptr": rstd, "g_ptr": g, "dx_ptr": dx,
                           "dx16_ptr": dx16, "dg_ptr": dg, "T": i32(ctx.T)},
                          {"D": ctx.D, "WRITE_BF16": write_bf16, "BLOCK_R": tu.rows,
-                          "BLOCK_D": next_pow2(ctx.D), "GAIN_ROWS": tu.gain_rows, "GAIN_COLS": cols},
+                          "BLOCK_D": next_pow2(ctx.D), "GAIN_ROWS": tu.gain_rows, "GAIN_COLS": cols,
+                          "DY_PARTS": dy_parts},
                          num_warps=tu.rows_warps, num_stages=1, label=label)
 
 
@@ -134,15 +138,21 @@ def predictions(ctx: Context, *, logits, pred, label: str) -> Launch:
                          num_warps=ctx.tu.ce_warps, num_stages=1, label=label)
 
 
-def embed_grad(ctx: Context, *, ids, next_row, de, de_table, w1, label: str) -> Launch:
-    """dE by vocabulary blocks, rows summed in increasing order; dE's first words also to w1."""
+def embed_grad(ctx: Context, *, ids, next_row, de, w1, label: str) -> Launch:
+    """dE by vocabulary blocks, rows summed in increasing order, applied at once by AdamW to E's
+    P/M/V rows; dE's first words also to w1; one more program updates the two gains from dgain."""
     tu = ctx.tu
-    return triton_launch("plan.kernels.embed_grad", "embed_grad", (cdiv(ctx.V, tu.vocab_block),),
+    g0, g1 = GAINS
+    return triton_launch("plan.kernels.embed_grad", "embed_grad", (cdiv(ctx.V, tu.vocab_block) + 1,),
                          {"ids_ptr": ids, "next_ptr": next_row, "de_ptr": de,
-                          "de_table_ptr": de_table, "w1_ptr": w1, "T": i32(ctx.T), "V": i32(ctx.V)},
+                          "e_ptr": ctx.param("embed"), "gain0_ptr": ctx.param(g0),
+                          "gain1_ptr": ctx.param(g1), "dgain_ptr": ctx.buf("dgain"), "w1_ptr": w1,
+                          "doorbell_ptr": ctx.doorbell(), "t_base": RunScalar("t_base", "i64"),
+                          "T": i32(ctx.T), "V": i32(ctx.V), "NPARAM": i32(ctx.N)},
                          {"D": ctx.D, "W1_WORDS": SL.LOSS_WINDOW_WORDS, "BLOCK_V": tu.vocab_block,
-                          "BLOCK_T": next_pow2(ctx.T), "BLOCK_D": next_pow2(ctx.D)},
-                         num_warps=4, num_stages=1, label=label)
+                          "BLOCK_T": next_pow2(ctx.T), "BLOCK_D": next_pow2(ctx.D),
+                          **learner_constexprs(ctx.p)},
+                         num_warps=tu.vocab_warps, num_stages=1, label=label)
 
 
 # ---------------------------------------------------------------- learner, casts, copies
@@ -174,6 +184,18 @@ def adamw_constexprs(profile, block: int) -> dict:
             "BETA1": f32(frac(lr.beta1)), "ONE_MINUS_BETA1": f32(one_minus(lr.beta1)),
             "BETA2": f32(frac(lr.beta2)), "ONE_MINUS_BETA2": f32(one_minus(lr.beta2)),
             "EPS": f32(frac(lr.epsilon)), "BLOCK": block}
+
+
+# the AdamW constants a fused update bakes in (the ranges and BLOCK belong to the whole-plane
+# kernel), in the kernels' parameter order
+LEARNER_CONSTEXPRS = ("LR", "BETA1_F64", "BETA2_F64", "DECAY", "BETA1", "ONE_MINUS_BETA1", "BETA2",
+                      "ONE_MINUS_BETA2", "EPS")
+
+
+def learner_constexprs(profile) -> dict:
+    """adamw_constexprs without the plane ranges: what weight_grad and embed_grad bake in."""
+    c = adamw_constexprs(profile, 0)
+    return {k: c[k] for k in LEARNER_CONSTEXPRS}
 
 
 def adamw(ctx: Context, *, pmv, grad, w16, doorbell, label: str) -> Launch:

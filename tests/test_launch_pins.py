@@ -16,8 +16,8 @@ from plan import launches, profiles
 
 # profile: (sha256 of the launch lists, launches per submission, distinct compiled entries)
 PINS = {
-    "coppelius": ("a1814417b94a35bc9c3b01df2af73b3ed107ba7d2205e9f84a3c61cd62783b24", (54, 155, 53), 23),
-    "tiny": ("d75c7a3179ac095679fe887365707b8d111621b8415cd95375813baf2a8b4748", (19, 43, 18), 21),
+    "coppelius": ("8dd8398ea7609f2c761ff86e3bf084f815d232088c3461bc96641112b08f0d7c", (54, 117, 53), 19),
+    "tiny": ("0ffadb00d9a0b537135f6c3a19bf8cac33c8103990eba938ebdeadde0ce9f178", (19, 33, 18), 19),
 }
 
 

@@ -139,17 +139,25 @@ def _tiles(v: View, M, N, BM, BN) -> int:
 def _matmul(v: View) -> Work:
     M, N, K = v.scalar("M"), v.scalar("N"), v.scalar("K")
     BM, BN, BK, epi = v.c["BLOCK_M"], v.c["BLOCK_N"], v.c["BLOCK_K"], v.c["EPILOGUE"]
+    S = v.c.get("SPLIT_K", 1)
     a, b = v.elem("a_ptr"), v.elem("b_ptr")
-    tiles = _tiles(v, M, N, BM, BN)
+    tiles = cdiv(M, BM) * cdiv(N, BN)
+    if tiles * S != v.programs:
+        raise ValueError(f"{v.launch.label}: {tiles} tiles of {BM}×{BN} × {S} K splits but grid "
+                         f"{v.launch.grid}")
     e = BM * BN
     # epilogue per tile: (aux loaded, c stored, MUFU, ALU) — meta.EPI_* codes
     aux, out, mufu, alu = {0: (0, 4 * e, 0, e), 1: (0, 2 * e, 0, 2 * e), 2: (4 * e, 4 * e, 0, 2 * e),
                            # SwiGLU backward: [a|b] fp32 in, [da|db] bf16 out; exp + 2 div_rn
                            3: (8 * e, 4 * e, 3 * e, 30 * e)}[epi]
     fixed = Step(load_bytes=aux, store_bytes=out, mufu_ops=mufu, alu_ops=alu, hbm_trips=1)
-    c_unique = M * N * (4 if epi in (0, 2) else 2) * (2 if epi == 3 else 1)
+    c_unique = S * M * N * (4 if epi in (0, 2) else 2) * (2 if epi == 3 else 1)
     aux_unique = {0: 0, 1: 0, 2: M * N * 4, 3: 2 * M * N * 4}[epi]
-    return Work((uniform(tiles, cdiv(K, BK), _mm_step(v, BM, BN, BK, a, b), fixed),),
+    # split s of S sums chunks [s·per, (s+1)·per) of the cdiv(K, BK) chunks (the last may be short)
+    chunks = cdiv(K, BK)
+    per = cdiv(chunks, S)
+    trips = tuple(max(0, min(per, chunks - s * per)) for s in range(S) for _ in range(tiles))
+    return Work((Programs(trips, _mm_step(v, BM, BN, BK, a, b), fixed),),
                 hbm_bytes=M * K * a + K * N * b + c_unique + aux_unique)
 
 
@@ -212,6 +220,53 @@ def _matmul_delta(v: View) -> Work:
                 hbm_bytes=M * K * 2 + K * N * 2 + 2 * M * N * 4 + M * N // d * 4)
 
 
+# -- weight gradients with AdamW in the epilogue, beside a norm backward
+
+_PMV_BYTES = 3 * 4                # P, M, V fp32 of one parameter element
+_ADAMW_ALU, _ADAMW_MUFU = 40, 3   # per element: ~20 fp32 ops + two div_rn (≈10 ALU + rcp each)
+#                                   and a sqrt_rn (as the adamw entry)
+_BIAS_CORRECTION_OPS = 120        # t → two float64 powers by 40 squarings, a division, a sqrt
+
+
+def _doorbell(v: View, readers: int) -> tuple[Step, tuple]:
+    """The doorbell read at the start of `readers` programs: a dependent read on each chain (of
+    staging, or of the device copy in L2), then the bias corrections."""
+    if "doorbell_ptr" in v.staging_args():
+        return (Step(serial_ops=_BIAS_CORRECTION_OPS, staging_trips=1),
+                (Staging("doorbell_ptr", read_bytes=4 * readers, read_requests=readers,
+                         unique_bytes=4),))
+    return Step(serial_ops=_BIAS_CORRECTION_OPS, l2_trips=1), ()
+
+
+def _plus(a: Step, b: Step) -> Step:
+    return Step(*(x + y for x, y in zip(dataclasses.astuple(a), dataclasses.astuple(b))))
+
+
+@family("weight_grad")
+def _weight_grad(v: View) -> Work:
+    T, D, R, c = v.scalar("T"), v.c["D"], v.c["BLOCK_R"], v.c
+    BM, BN, BK = c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"]
+    dims = [(v.scalar("M0"), v.scalar("N0")), (v.scalar("M1"), v.scalar("N1"))][:c["PRODUCTS"]]
+    e = BM * BN
+    tiles = [cdiv(M, BM) * cdiv(N, BN) for M, N in dims]
+    start, staged = _doorbell(v, sum(tiles))
+    # K = T loop of bf16 dy and x chunks; the epilogue reads P, M, V of the tile and writes them
+    # and w16 (the gradient never leaves registers)
+    step = _mm_step(v, BM, BN, BK, v.elem("a0_ptr"), v.elem("b0_ptr"))
+    fixed = _plus(start, Step(load_bytes=_PMV_BYTES * e, store_bytes=(_PMV_BYTES + 2) * e,
+                              mufu_ops=_ADAMW_MUFU * e, alu_ops=_ADAMW_ALU * e, phases=1,
+                              hbm_trips=1))
+    groups = [uniform(t, cdiv(T, BK), step, fixed) for t in tiles]
+    hbm = sum(T * M * 2 + T * N * 2 + M * N * (2 * _PMV_BYTES + 2) for M, N in dims)
+    parts, gain, acc = c["DY_PARTS"], c["HAS_GAIN"], c["ACCUMULATE"]
+    groups.append(uniform(cdiv(T, R), 1, _norm_rows(D, R, gain, acc, True, parts)))
+    hbm += _norm_rows_unique(T, D, gain, acc, True, parts)
+    if gain:
+        groups.append(_gain_programs(T, D, c["GAIN_ROWS"], c["GAIN_COLS"], parts))
+        hbm += D * 4
+    return Work(tuple(groups), hbm_bytes=hbm, staging=staged)
+
+
 # -- attention: one warpgroup per program, trips over 64-row blocks; each trip's dots depend on
 #    the previous elementwise work (FA2 order), K/V (Q/dO) of the next trip prefetched
 
@@ -270,35 +325,44 @@ def _attention_bwd(v: View) -> Work:
 def _rmsnorm_bwd(v: View) -> Work:
     T, D, R = v.scalar("T"), v.c["D"], v.c["BLOCK_R"]
     gain, acc, bf16 = v.c["HAS_GAIN"], v.c["ACCUMULATE"], v.c["WRITE_BF16"]
-    return Work((uniform(v.programs, 1, _norm_rows(D, R, gain, acc, bf16)),),
-                hbm_bytes=_norm_rows_unique(T, D, gain, acc, bf16))
+    parts = v.c.get("DY_PARTS", 1)
+    return Work((uniform(v.programs, 1, _norm_rows(D, R, gain, acc, bf16, parts)),),
+                hbm_bytes=_norm_rows_unique(T, D, gain, acc, bf16, parts))
 
 
-def _norm_rows(D, R, gain, acc, bf16) -> Step:
-    """dy, x, r (and g, and the dx accumulated into) in; dx (and bf(dx)) out; a row reduction."""
+def _norm_rows(D, R, gain, acc, bf16, parts=1) -> Step:
+    """dy (its `parts` split-K partials), x, r (and g, and the dx accumulated into) in; dx (and
+    bf(dx)) out; a row reduction."""
     rows = R * D * 4
-    return Step(load_bytes=2 * rows + R * 4 + (D * 4 if gain else 0) + (rows if acc else 0),
-                store_bytes=rows + (R * D * 2 if bf16 else 0), alu_ops=8 * R * D, mufu_ops=R,
-                phases=1, hbm_trips=1)
+    return Step(load_bytes=(parts + 1) * rows + R * 4 + (D * 4 if gain else 0) + (rows if acc else 0),
+                store_bytes=rows + (R * D * 2 if bf16 else 0), alu_ops=(7 + parts) * R * D,
+                mufu_ops=R, phases=1, hbm_trips=1)
 
 
-def _norm_rows_unique(T, D, gain, acc, bf16) -> float:
-    return T * D * 4 * (3 + (1 if acc else 0)) + T * 4 + (D * 4 if gain else 0) \
+def _norm_rows_unique(T, D, gain, acc, bf16, parts=1) -> float:
+    return T * D * 4 * (2 + parts + (1 if acc else 0)) + T * 4 + (D * 4 if gain else 0) \
         + (T * D * 2 if bf16 else 0)
+
+
+def _gain_programs(T, D, GR, GC, parts) -> Programs:
+    """cdiv(D, GC) gain-column programs: T/GR trips of (r, x, dy partials) chunks, each a column
+    sum, no prefetch (one-stage loop): a dependent L2 load per trip."""
+    gain = Step(load_bytes=GR * 4 + (1 + parts) * GR * GC * 4, alu_ops=(2 + parts) * GR * GC,
+                phases=1, l2_trips=1)
+    return uniform(cdiv(D, GC), cdiv(T, GR), gain, Step(store_bytes=GC * 4, hbm_trips=1))
 
 
 @family("rmsnorm_bwd_gain")
 def _rmsnorm_bwd_gain(v: View) -> Work:
     T, D, R = v.scalar("T"), v.c["D"], v.c["BLOCK_R"]
     GR, GC, bf16 = v.c["GAIN_ROWS"], v.c["GAIN_COLS"], v.c["WRITE_BF16"]
+    parts = v.c.get("DY_PARTS", 1)
     rows, cols = cdiv(T, R), cdiv(D, GC)
     if v.programs != rows + cols:
         raise ValueError(f"{v.launch.label}: grid {v.launch.grid}, expected {rows} + {cols}")
-    # gain programs: T/GAIN_ROWS trips of (r, x, dy) chunks, each a column sum, no prefetch
-    gain = Step(load_bytes=GR * 4 + 2 * GR * GC * 4, alu_ops=3 * GR * GC, phases=1, l2_trips=1)
-    return Work((uniform(rows, 1, _norm_rows(D, R, True, False, bf16)),
-                 uniform(cols, cdiv(T, GR), gain, Step(store_bytes=GC * 4, hbm_trips=1))),
-                hbm_bytes=_norm_rows_unique(T, D, True, False, bf16) + D * 4)
+    return Work((uniform(rows, 1, _norm_rows(D, R, True, False, bf16, parts)),
+                 _gain_programs(T, D, GR, GC, parts)),
+                hbm_bytes=_norm_rows_unique(T, D, True, False, bf16, parts) + D * 4)
 
 
 @family("cross_entropy")
@@ -335,21 +399,33 @@ def _embed_fwd(v: View) -> Work:
 @family("embed_grad")
 def _embed_grad(v: View) -> Work:
     T, V, D, BV = v.scalar("T"), v.scalar("V"), v.c["D"], v.c["BLOCK_V"]
-    P = v.programs
-    # every program reads all T ids (staging) and compares them with its BLOCK_V ids, then walks
-    # the chains: one dependent trip per occurrence of its most frequent id (program 0 holds the
-    # markers: EMBED_CHAIN trips; the others one) — a de row and a next-row link per trip
+    P = v.programs - 1                                # the last program updates the two gains
+    # every program reads all T ids and compares them with its BLOCK_V ids, then walks the
+    # chains: one dependent trip per occurrence of its most frequent id (program 0 holds the
+    # markers: EMBED_CHAIN trips; the others one) — a de row and a next-row link per trip; then
+    # AdamW on its BLOCK_V rows of E (P, M, V in and out)
+    ids_staged = "ids_ptr" in v.staging_args()
+    start, staged = _doorbell(v, v.programs)
     trip = Step(load_bytes=D * 4 + 4, alu_ops=4 * BV * D, phases=1, l2_trips=1)
-    fixed = Step(store_bytes=BV * D * 4, alu_ops=3 * BV * T, phases=1, staging_trips=1)
+    e = BV * D
+    fixed = _plus(start, Step(load_bytes=(0 if ids_staged else T * 4) + _PMV_BYTES * e,
+                              store_bytes=_PMV_BYTES * e, mufu_ops=_ADAMW_MUFU * e,
+                              alu_ops=3 * BV * T + _ADAMW_ALU * e, phases=1,
+                              staging_trips=1 if ids_staged else 0,
+                              l2_trips=0 if ids_staged else 1, hbm_trips=1))
     trips = (EMBED_CHAIN,) + (1,) * (P - 1)
     missing_rows = max(0, T - sum(trips))             # de rows read in trips not modelled
+    g = 2 * D                                         # both gains
+    gains = uniform(1, 1, _plus(start, Step(load_bytes=g * 4 + _PMV_BYTES * g,
+                                            store_bytes=_PMV_BYTES * g, mufu_ops=_ADAMW_MUFU * g,
+                                            alu_ops=_ADAMW_ALU * g, hbm_trips=1)))
     w1 = v.c["W1_WORDS"] * 4
-    return Work((Programs(trips, trip, fixed),),
-                hbm_bytes=T * D * 4 + T * 4 + V * D * 4,
+    ids = ((Staging("ids_ptr", read_bytes=P * T * 4, read_requests=P * lines(T * 4),
+                    unique_bytes=T * 4),) if ids_staged else ())
+    return Work((Programs(trips, trip, fixed), gains),
+                hbm_bytes=T * D * 4 + T * 4 + T * 4 + V * D * 2 * _PMV_BYTES + g * (4 + 2 * _PMV_BYTES),
                 extra_l2_bytes=missing_rows * (D * 4 + 4),
-                staging=(Staging("ids_ptr", read_bytes=P * T * 4, read_requests=P * lines(T * 4),
-                                 unique_bytes=T * 4),
-                         Staging("w1_ptr", write_bytes=w1)))
+                staging=ids + staged + (Staging("w1_ptr", write_bytes=w1),))
 
 
 # -- streams

@@ -29,9 +29,9 @@ EPI_SWIGLU_BWD = tl.constexpr(meta.EPI_SWIGLU_BWD)
 
 
 @triton.jit
-def _tile_ids(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
-    # grouped ordering: GROUP_M row tiles share their B tiles in L2
-    pid = tl.program_id(0)
+def _tile_ids(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    # grouped ordering: GROUP_M row tiles share their B tiles in L2; pid counts the tiles of one
+    # product from 0
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
     per_group = GROUP_M * tiles_n
@@ -64,12 +64,14 @@ def _load_b(b_ptr, offs_k, offs_n, N, K, B_T: tl.constexpr):
 
 
 @triton.jit
-def _accumulate(a_ptr, b_ptr, offs_m, offs_n, M, N, K, A_T: tl.constexpr, B_T: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """acc (BLOCK_M, BLOCK_N) fp32 = bf(A) @ bf(B) over the whole K, in increasing k."""
+def _accumulate(a_ptr, b_ptr, offs_m, offs_n, M, N, K, k_lo, k_hi, A_T: tl.constexpr,
+                B_T: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_K: tl.constexpr):
+    """acc (BLOCK_M, BLOCK_N) fp32 = bf(A) @ bf(B) over k in [k_lo, k_hi) (k_lo a multiple of
+    BLOCK_K), in increasing k."""
     offs_k = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(k_lo, k_hi, BLOCK_K):
         a = _load_a(a_ptr, offs_m, k0 + offs_k, M, K, A_T)
         b = _load_b(b_ptr, k0 + offs_k, offs_n, N, K, B_T)
         acc = tl.dot(a, b, acc)
@@ -106,14 +108,32 @@ def _load_normed(x_ptr, g_ptr, h16_ptr, r, offs_m, offs_k, M, K, HAS_GAIN: tl.co
 
 @triton.jit
 def matmul(a_ptr, b_ptr, c_ptr, aux_ptr, M, N, K,
-           A_T: tl.constexpr, B_T: tl.constexpr, EPILOGUE: tl.constexpr,
+           A_T: tl.constexpr, B_T: tl.constexpr, EPILOGUE: tl.constexpr, SPLIT_K: tl.constexpr,
            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
            GROUP_M: tl.constexpr):
-    """c (M, N) = epilogue(bf(A) @ bf(B)); aux: the residual (M, N) or [a | b] (M, 2N) for SwiGLU."""
-    pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    """c (M, N) = epilogue(bf(A) @ bf(B)); aux: the residual (M, N) or [a | b] (M, 2N) for SwiGLU.
+
+    SPLIT_K > 1 (EPI_F32 only): grid = tiles × SPLIT_K; program `split · tiles + tile` sums the
+    split-th of the K chunks (cdiv(chunks, SPLIT_K) each, the last ones may be short or empty)
+    and stores its partial to c + split·M·N: c is (SPLIT_K, M, N), and the consumer adds the
+    partials in split order (a fixed order: no atomics)."""
+    pid = tl.program_id(0)
+    if SPLIT_K == 1:
+        pid_m, pid_n = _tile_ids(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        k_lo = 0
+        k_hi = K
+    else:
+        tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+        split = pid // tiles
+        pid_m, pid_n = _tile_ids(pid % tiles, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        per = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
+        k_lo = split * per
+        k_hi = tl.minimum(k_lo + per, K)
+        c_ptr += split * M * N
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = _accumulate(a_ptr, b_ptr, offs_m, offs_n, M, N, K, A_T, B_T, BLOCK_M, BLOCK_N, BLOCK_K)
+    acc = _accumulate(a_ptr, b_ptr, offs_m, offs_n, M, N, K, k_lo, k_hi, A_T, B_T,
+                      BLOCK_M, BLOCK_N, BLOCK_K)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     if EPILOGUE == EPI_SWIGLU_BWD:
         # acc = dz; [a | b] saved by the forward; writes [bf(da) | bf(db)] (NUMERICS mlp_backward)
@@ -145,7 +165,7 @@ def matmul_norm(x_ptr, g_ptr, w_ptr, c_ptr, h16_ptr, rstd_ptr, M, N, K,
     """c (M, N) fp32 = bf(rmsnorm(x)·g) @ bf(W)ᵀ: final_norm in the prologue, then head.  x (M, K)
     fp32, g (K,); the programs of the first column tile also store h16 = bf(rmsnorm(x)·g) and
     rstd (M,) for the backward."""
-    pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    pid_m, pid_n = _tile_ids(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -166,7 +186,7 @@ def matmul_swiglu(x_ptr, wg_ptr, wu_ptr, ab_ptr, z_ptr, h16_ptr, rstd_ptr, M, N,
                   GROUP_M: tl.constexpr):
     """h = rmsnorm(x) in the prologue (x (M, K) fp32; the first column tile stores h16 and rstd);
     a = bf(h) @ bf(Wgate)ᵀ, b = bf(h) @ bf(Wup)ᵀ (M, N); ab = [a | b] (M, 2N) fp32; z = bf(silu(a)·b)."""
-    pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    pid_m, pid_n = _tile_ids(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -197,7 +217,7 @@ def matmul_rotary(x_ptr, w_ptr, qkv_ptr, rope_ptr, h16_ptr, rstd_ptr, M, N, K,
     the first ROTATED heads (q and k) rotated (NUMERICS qkv + rotary), v cast; rope (M, d) =
     [cos | sin] per row (embed_fwd writes it).  BLOCK_N holds whole heads."""
     HEADS_IN_TILE: tl.constexpr = BLOCK_N // HEAD_DIM
-    pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    pid_m, pid_n = _tile_ids(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -221,10 +241,11 @@ def matmul_delta(a_ptr, b_ptr, do_ptr, o_ptr, delta_ptr, M, N, K, HEAD_DIM: tl.c
     """dO (M, N) fp32 = bf(A) @ bf(B) (A (M, K), B (K, N): dres @ Wo) and delta (N/d, M) =
     Σ_d dO·o per head (o (M, N) fp32, NUMERICS attention_backward).  BLOCK_N holds whole heads."""
     HEADS_IN_TILE: tl.constexpr = BLOCK_N // HEAD_DIM
-    pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    pid_m, pid_n = _tile_ids(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = _accumulate(a_ptr, b_ptr, offs_m, offs_n, M, N, K, False, False, BLOCK_M, BLOCK_N, BLOCK_K)
+    acc = _accumulate(a_ptr, b_ptr, offs_m, offs_n, M, N, K, 0, K, False, False,
+                      BLOCK_M, BLOCK_N, BLOCK_K)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     offs_c = offs_m[:, None] * N + offs_n[None, :]
     tl.store(do_ptr + offs_c, acc, mask=mask)
