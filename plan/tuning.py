@@ -57,7 +57,7 @@ H200 = Tuning(mm_tiles=((128, 128), (128, 64), (64, 64)), mm_min_programs=120, m
               dw_tile=(128, 128),
               # N = 512 products into a norm backward: 32 tiles of 128×128 × 4 K ranges = 128
               # programs at 4× the FLOP per byte of the 64×64 tiles that reach 128 without a split
-              dn_splits=1)
+              dn_splits=4)
 # tiny keeps GPU-valid shapes (≤ 128 KiB shared memory: sm_80's 163 KiB and sm_90's 227 KiB hold
 # it) while the interpreter sees few programs: 128×128×128 matmul tiles, one stage.
 INTERPRETER = Tuning(mm_tiles=((128, 128),), mm_min_programs=1, mm_block_k=128, mm_warps=8,

@@ -54,36 +54,39 @@ def test_inputs_the_hand_computations_use():
 
 
 def test_hand_matmul_mlp_backward_dh():
-    """dh = dab16 (T, 2F) @ [Wgate|Wup] (2F, D): M=1024, N=512, K=5504, 64×64 tiles, EPI_F32."""
+    """dh = dab16 (T, 2F) @ [Wgate|Wup] (2F, D): M=1024, N=512, K=5504, 128×128 tiles, K split in
+    4 ranges (issue 14 item 5): 32 tiles × 4 = 128 programs, EPI_F32 partials (4, T, D)."""
     launch = UPDATE["layers.0.mlp_backward.dh"]
-    c = cm.cost(launch, buffers(PROD), {launch.kernel: cm.KernelStats(64, 65536, 128)})
-    # occupancy: 64 regs × 32 = 2048 per warp → 16384/2048 = 8 warps per sub-partition → 32 warps
-    # → 8 blocks of 4 warps; threads 2048/128 = 16; shared (65536 + 1024 reserved) → 233472 // 66560
-    # = 3 → 3 per SM (shared).  128 tiles (16 × 8) on 396 slots: 1 round, 1 program per busiest SM
-    assert (c.programs, c.per_sm, c.occupancy_limit, c.rounds, c.programs_per_sm) == (128, 3, "shared", 1, 1)
-    assert c.serial_iterations == 5504 // 64 == 86
-    # FLOPs: 2·M·N·K
+    c = cm.cost(launch, buffers(PROD), {launch.kernel: cm.KernelStats(108, 98304, 256)})
+    # occupancy: 108 regs × 32 = 3456 → 3584 per warp → 16384 // 3584 = 4 warps per sub-partition
+    # → 16 warps → 2 blocks of 8 warps; shared (98304 + 1024) → 233472 // 99328 = 2: 2 per SM
+    # (registers, the first of the equal limits).  128 programs on 264 slots: 1 round
+    assert (c.programs, c.per_sm, c.occupancy_limit, c.rounds, c.programs_per_sm) == (128, 2, "registers", 1, 1)
+    # 86 K chunks of 64 → 22 per split: 22, 22, 22, 20 trips
+    assert c.serial_iterations == 22
     _close(c.flops, 2 * 1024 * 512 * 5504, "flops")
-    # L2: each program loads 86 × (64×64 bf16 of A + 64×64 bf16 of B) and stores 64×64 fp32
-    per_program = 86 * (64 * 64 * 2 + 64 * 64 * 2) + 64 * 64 * 4          # 1,425,408 B
-    _close(c.l2_bytes, 128 * per_program, "l2 bytes")                    # 182,452,224 B
-    # HBM: A once, B once, C once
-    _close(c.hbm_bytes, 1024 * 5504 * 2 + 5504 * 512 * 2 + 1024 * 512 * 4, "hbm bytes")
+    # L2: each trip loads 128×64 bf16 of A and 64×128 bf16 of B (32 KB); each program stores its
+    # 128×128 fp32 partial
+    trip_bytes = 128 * 64 * 2 + 64 * 128 * 2
+    l2 = 32 * 86 * trip_bytes + 128 * 128 * 128 * 4                      # 98,566,144 B
+    _close(c.l2_bytes, l2, "l2 bytes")
+    # HBM: A once, B once, the four partials once
+    _close(c.hbm_bytes, 1024 * 5504 * 2 + 5504 * 512 * 2 + 4 * 1024 * 512 * 4, "hbm bytes")
     b = c.bounds_us
-    # tensor: one program per busiest SM, 45,088,768 FLOP at 640e12/132 per SM
-    _close(b["tensor"]["central"], 2 * 64 * 64 * 5504 / (640e12 / 132) * US, "tensor")    # 9.30 µs
-    # L2: all bytes at 7.5 TB/s (24.33 µs) beat one program's 1.43 MB at 48 B/clk (15.00 µs)
-    _close(b["l2"]["central"], 128 * per_program / 7.5e12 * US, "l2")
-    _close(b["hbm"]["central"], 19_005_440 / 3.8e12 * US, "hbm")                         # 5.00 µs
-    # serial: a trip is max(16 KB at 95.04 GB/s = 0.172 µs, 524,288 FLOP at 4.85 TFLOP/s
-    # = 0.108 µs) + one phase (0.04 µs); the epilogue: 16 KB stored + the first load's 0.6 µs
-    trip = max(16384 / (48 * 1.98e9), 2 * 64 * 64 * 64 / (640e12 / 132)) + 0.04e-6
-    fixed = max(16384 / (48 * 1.98e9), 4096 / (128 * 1.98e9)) + 0.6e-6
-    _close(b["serial"]["central"], (86 * trip + fixed) * US, "serial")                  # 19.04 µs
+    sm = 640e12 / 132
+    # tensor: one program per busiest SM, the largest (22 trips of 2·128·128·64 FLOP)
+    _close(b["tensor"]["central"], 22 * 2 * 128 * 128 * 64 / sm * US, "tensor")        # 9.52 µs
+    # L2: all bytes at 7.5 TB/s (13.14 µs) beat the largest program's 786 KB at 48 B/clk (8.27)
+    _close(b["l2"]["central"], l2 / 7.5e12 * US, "l2")
+    # serial: a trip is max(32 KB at 95.04 GB/s = 0.345 µs, 2.1 MFLOP at 4.85 TFLOP/s = 0.433 µs)
+    # + one phase; the epilogue: 64 KB stored + the first load's 0.6 µs
+    trip = max(trip_bytes / (48 * 1.98e9), 2 * 128 * 128 * 64 / sm) + 0.04e-6
+    fixed = max(65536 / (48 * 1.98e9), 16384 / (128 * 1.98e9)) + 0.6e-6
+    _close(b["serial"]["central"], (22 * trip + fixed) * US, "serial")                  # 11.68 µs
     assert c.binding == {"optimistic": "l2", "central": "l2", "pessimistic": "l2"}
-    _close(c.us["central"], (128 * per_program / 7.5e12 + 2.5e-6) * US, "central")      # 26.83 µs
-    _close(c.us["optimistic"], (128 * per_program / 10e12 + 1.5e-6) * US, "optimistic")  # 19.75 µs
-    _close(c.us["pessimistic"], (128 * per_program / 5.5e12 + 3.5e-6) * US, "pessimistic")  # 36.67 µs
+    _close(c.us["central"], (l2 / 7.5e12 + 2.5e-6) * US, "central")                     # 15.64 µs
+    _close(c.us["optimistic"], (l2 / 10e12 + 1.5e-6) * US, "optimistic")
+    _close(c.us["pessimistic"], (l2 / 5.5e12 + 3.5e-6) * US, "pessimistic")
 
 
 def test_hand_attention_backward_kv_block_0_chain():

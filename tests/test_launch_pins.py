@@ -16,8 +16,8 @@ from plan import launches, profiles
 
 # profile: (sha256 of the launch lists, launches per submission, distinct compiled entries)
 PINS = {
-    "coppelius": ("8dd8398ea7609f2c761ff86e3bf084f815d232088c3461bc96641112b08f0d7c", (54, 117, 53), 19),
-    "tiny": ("0ffadb00d9a0b537135f6c3a19bf8cac33c8103990eba938ebdeadde0ce9f178", (19, 33, 18), 19),
+    "coppelius": ("8b605c7c41fd8aaea3b4a2fef447d818328bb4647399cac323f8c25a36f2bbc8", (54, 117, 53), 19),
+    "tiny": ("5dea2b349cf559b0a8a92d9cbc860c431e2ce3953e47398b8288eea05118ee64", (19, 33, 18), 19),
 }
 
 
