@@ -12,9 +12,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from plan.tuning import tuning
+from staging import layout as SL
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "i32": 4, "u32": 4}
 GAINS = ("g_embed", "g_final")      # the rows of `dgain`, in parameter order
+
+# `staged`: the input record and doorbell, copied from staging by the submission's first
+# launch (plan/kernels/release_stage_in.ptx; SPEC §7: no later kernel reads staging).  Word
+# offsets: the record keeps its staging layout (inputs, then targets), the doorbell follows it.
+STAGED_INPUTS = SL.INPUTS // 4
+STAGED_TARGETS = SL.TARGETS // 4
+STAGED_DOORBELL = SL.INPUT_RECORD_BYTES // 4
+STAGED_WORDS = STAGED_DOORBELL + 4              # padded to 16 bytes
 
 
 @dataclass(frozen=True)
@@ -81,5 +90,7 @@ def buffers(profile) -> dict[str, BufferSpec]:
         BufferSpec("dqkv16", "bf16", (T, W), "bf(dq|dk|dv), inverse rotary applied by the attention backward"),
         BufferSpec("de", "fp32", (T, D), "gradient at the gathered embedding rows"),
         BufferSpec("next_row", "i32", (T,), "next row with the same input token (T if none), embed_fwd"),
+        BufferSpec("staged", "u32", (STAGED_WORDS,), "the issue's input record and doorbell, "
+                   "copied from staging by the first launch"),
     ]
     return {s.name: s for s in specs}

@@ -14,20 +14,36 @@ import numpy as np
 from plan import profiles as _profiles
 from plan.buffers import GAINS
 from plan.launch_refs import Context, staging
-from plan.launch_types import (RELEASE, BufferRef, Launch, RunScalar, StagingRef, cdiv, i32,
+from plan.launch_types import (RELEASE, STAGE_IN, BufferRef, Launch, RunScalar, StagingRef, cdiv, i32,
                                next_pow2, triton_launch)
 from staging import layout as SL
 
 
-def release(submission: int, which: int) -> Launch:
-    """The hand-written release kernel: writes the semaphore slot `which` of `submission`."""
-    prelaunch = which == SL.SLOT_PRELAUNCH_RELEASE
-    part = "SLOT_PRELAUNCH_RELEASE" if prelaunch else "SLOT_FINAL_RELEASE"
-    slot = SL.semaphore_slot(submission) + which
+STAGE_IN_WARPS = 8          # release_stage_in.ptx: .reqntid 256, 32 bytes of the record each
+
+
+def _slot(submission: int, which: int) -> StagingRef:
+    part = "SLOT_PRELAUNCH_RELEASE" if which == SL.SLOT_PRELAUNCH_RELEASE else "SLOT_FINAL_RELEASE"
+    return StagingRef(f"semaphore_slot({submission}) + {part}",
+                      SL.semaphore_slot(submission) + which, "u32")
+
+
+def release_stage_in(ctx: Context, submission: int) -> Launch:
+    """A submission's first launch (hand-written PTX): copies the input record and the doorbell
+    from staging into `staged`, and writes the pre-launch semaphore record."""
     args = (("doorbell_ptr", staging("DOORBELL", "u32")),
-            ("slot_ptr", StagingRef(f"semaphore_slot({submission}) + {part}", slot, "u32")))
-    return Launch(RELEASE, "", RELEASE, (1, 1, 1), args, (), 1, 1,
-                  "prelaunch_release" if prelaunch else "final_release")
+            ("slot_ptr", _slot(submission, SL.SLOT_PRELAUNCH_RELEASE)),
+            ("record_ptr", staging("INPUTS", "u32")),
+            ("staged_ptr", ctx.buf("staged")))
+    return Launch(STAGE_IN, "", STAGE_IN, (1, 1, 1), args, (), STAGE_IN_WARPS, 1,
+                  "prelaunch_release+stage_in")
+
+
+def release(ctx: Context, submission: int) -> Launch:
+    """The hand-written release kernel as a submission's last launch: the final semaphore record
+    of `submission`, its payload the staged doorbell."""
+    args = (("doorbell_ptr", ctx.doorbell()), ("slot_ptr", _slot(submission, SL.SLOT_FINAL_RELEASE)))
+    return Launch(RELEASE, "", RELEASE, (1, 1, 1), args, (), 1, 1, "final_release")
 
 
 # ---------------------------------------------------------------- row norms

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from plan.buffers import GAINS, buffers, qkv_width
+from plan.buffers import (GAINS, STAGED_DOORBELL, STAGED_INPUTS, STAGED_TARGETS, buffers,
+                          qkv_width)
 from plan.launch_types import BufferRef, StagingRef
 from plan.tuning import tuning
 from staging import layout as SL
@@ -46,9 +47,18 @@ class Context:
         per = spec.elements // spec.shape[0]
         return self.buf(name, index * per)
 
-    def doorbell(self):
-        """The issue's sequence number, as the kernels after the first one read it."""
-        return staging("DOORBELL", "u32")
+    def doorbell(self) -> BufferRef:
+        """The issue's sequence number, as every kernel after the first one reads it: the device
+        copy the stage-in made (SPEC §7)."""
+        return BufferRef("staged", STAGED_DOORBELL, "u32")
+
+    def inputs(self) -> BufferRef:
+        """The issue's input token ids (T,) u32, the device copy."""
+        return BufferRef("staged", STAGED_INPUTS, "u32")
+
+    def targets(self) -> BufferRef:
+        """The issue's target token ids (T,) u32, the device copy."""
+        return BufferRef("staged", STAGED_TARGETS, "u32")
 
     def gain_grad(self, name: str) -> BufferRef:
         """The gradient of gain `name` ("g_embed", "g_final"), kept until embed_grad's update."""

@@ -1,6 +1,9 @@
 """The three submissions' launch lists as data (SPEC §6–§7): the model, stage by stage, layer by layer.
 
-Every submission is release(pre-launch slot), its kernels, release(final slot).  Each stage names
+Every submission is release_stage_in (the issue's input record and doorbell copied from staging
+into device memory, and the pre-launch semaphore record), its kernels, release (final slot); no
+launch after the first reads staging (SPEC §7: mapped host memory is read once per issue).
+Each stage names
 the buffers it reads and writes (plan/launch_refs.py: `ly.resid_attn`, `g.dres16`) and calls one
 builder per launch (plan/launch_matmul.py, plan/launch_builders.py) with them by keyword.
 The argument kinds and `Launch` live in plan/launch_types.py, the meta-parameters in
@@ -15,7 +18,8 @@ from plan import profiles as _profiles
 from plan.buffers import DTYPE_BYTES, buffers, norm_points
 from plan.kernels import meta
 from plan.launch_refs import Context, GradRefs, LayerRefs, grad_refs, layer_refs, loss_window, staging
-from plan.launch_types import (INT_DIVISOR, POINTER_ALIGN, RELEASE, Arg, BufferRef, Launch,
+from plan.launch_types import (HAND_WRITTEN, INT_DIVISOR, POINTER_ALIGN, RELEASE, STAGE_IN, Arg,
+                               BufferRef, Launch,
                                RunScalar, Scalar, StagingRef, Submission, entry_name, specialization)
 from plan.tuning import H200, INTERPRETER, TUNING, Tuning, tuning
 from staging import layout as SL
@@ -44,7 +48,7 @@ def _layer_forward(ctx: Context, ly: LayerRefs) -> list[Launch]:
 def forward(ctx: Context) -> list[Launch]:
     """embed, the layers, final norm + head: the logits of every row."""
     last = norm_points(ctx.p) - 1
-    out = [B.embed_fwd(ctx, ids=staging("INPUTS", "u32"), table=ctx.param("embed"),
+    out = [B.embed_fwd(ctx, ids=ctx.inputs(), table=ctx.param("embed"),
                        g=ctx.param("g_embed"), emb=ctx.buf("emb"), rstd=ctx.rstd(None),
                        x=ctx.slab("resid", 0), rope=ctx.buf("rope"), next_row=ctx.buf("next_row"),
                        label="embed")]
@@ -68,7 +72,7 @@ def _loss_and_head_backward(ctx: Context, g: GradRefs) -> list[Launch]:
     last = norm_points(ctx.p) - 1
     x_final, h16_final, rstd_final = ctx.slab("resid", last), ctx.slab("h16", last), ctx.rstd(last)
     return [
-        B.cross_entropy(ctx, logits=ctx.buf("logits"), targets=staging("TARGETS", "u32"),
+        B.cross_entropy(ctx, logits=ctx.buf("logits"), targets=ctx.targets(),
                         loss=staging("LOSS_RECORD"), w0=loss_window("W0_LAST_CE"),
                         dlogits=g.dlogits16, label="cross_entropy"),
         MM.matmul_into_norm(ctx, a=g.dlogits16, b=ctx.param("head", "w16"), dn=g.dn, M=ctx.T,
@@ -121,7 +125,7 @@ def _embed_backward(ctx: Context, g: GradRefs) -> list[Launch]:
                            write_bf16=False, label="embed_backward.norm+dg"),
         # the next-row links were written by embed_fwd (forward, same submission); E's and the
         # gains' AdamW run here, after the last launch that reads them (embed_fwd, the norms)
-        B.embed_grad(ctx, ids=staging("INPUTS", "u32"), next_row=ctx.buf("next_row"), de=g.de,
+        B.embed_grad(ctx, ids=ctx.inputs(), next_row=ctx.buf("next_row"), de=g.de,
                      w1=loss_window("W1_EMBED_GRAD"), label="embed_backward.dE+adamw+w1"),
     ]
 
@@ -173,9 +177,9 @@ def submissions(profile) -> tuple[Submission, Submission, Submission]:
     """(forward, update, final) for a profile (SPEC §7)."""
     SL.check_layout(profile)
     out = []
-    for index, body in enumerate(_bodies(Context(profile))):
-        launches = ([B.release(index, SL.SLOT_PRELAUNCH_RELEASE)] + body
-                    + [B.release(index, SL.SLOT_FINAL_RELEASE)])
+    ctx = Context(profile)
+    for index, body in enumerate(_bodies(ctx)):
+        launches = [B.release_stage_in(ctx, index)] + body + [B.release(ctx, index)]
         out.append(Submission(index, SL.SUBMISSIONS[index], tuple(launches)))
     return tuple(out)
 
@@ -191,4 +195,5 @@ def kernels(profile) -> dict[str, Launch]:
 
 __all__ = ["BufferRef", "StagingRef", "Scalar", "RunScalar", "Arg", "Launch", "Submission", "buffers",
            "submissions", "kernels", "specialization", "entry_name", "tuning", "Tuning", "H200",
-           "INTERPRETER", "TUNING", "RELEASE", "POINTER_ALIGN", "INT_DIVISOR"]
+           "INTERPRETER", "TUNING", "RELEASE", "STAGE_IN", "HAND_WRITTEN", "POINTER_ALIGN",
+           "INT_DIVISOR"]

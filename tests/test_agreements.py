@@ -3,6 +3,7 @@ bake into them) against plan/profiles.py, the reference model and staging/layout
 from __future__ import annotations
 
 import math
+import re
 
 import kernels_support  # noqa: F401  (sets up the interpreter before plan.kernels is imported)
 import numpy as np
@@ -130,3 +131,30 @@ def test_dtype_sizes_are_the_element_sizes():
     sizes = {"fp32": torch.float32, "bf16": torch.bfloat16, "i32": torch.int32, "u32": torch.uint32}
     for name, dtype in sizes.items():
         assert DTYPE_BYTES[name] == torch.empty((), dtype=dtype).element_size(), name
+
+
+def test_stage_in_copies_the_layouts_record_into_staged():
+    """release_stage_in.ptx bakes the record's size and the doorbell's place in `staged`: 256
+    threads × 2 × 16 bytes = the input record, the targets half at +INPUTS_BYTES, the doorbell
+    after the record; the launch runs that many threads and `staged` holds them."""
+    from pathlib import Path
+
+    from plan import launch_builders
+    from plan.buffers import STAGED_DOORBELL, STAGED_INPUTS, STAGED_TARGETS, STAGED_WORDS
+    ptx = (Path(__file__).resolve().parents[1] / "plan" / "kernels" / "release_stage_in.ptx").read_text()
+    threads = int(re.search(r"\.reqntid (\d+)", ptx).group(1))
+    assert threads == launch_builders.STAGE_IN_WARPS * 32
+    assert threads * 2 * 16 == SL.INPUT_RECORD_BYTES == SL.INPUTS_BYTES + SL.TARGETS_BYTES
+    assert re.search(rf"ld\.relaxed\.sys\.global\.v4\.u32\s+\{{[^}}]*\}}, \[%rd10\+{SL.INPUTS_BYTES}\]", ptx)
+    assert re.search(rf"st\.global\.u32\s+\[%rd8\+{SL.INPUT_RECORD_BYTES}\]", ptx)
+    assert SL.INPUTS == 0 and SL.TARGETS == SL.INPUTS_BYTES             # one contiguous record
+    assert (STAGED_INPUTS, STAGED_TARGETS, STAGED_DOORBELL) == (0, SL.TARGETS // 4,
+                                                                SL.INPUT_RECORD_BYTES // 4)
+    assert STAGED_WORDS > STAGED_DOORBELL
+    for name in PROFILES:
+        prof = profiles.get(name)
+        assert prof.context * 4 == SL.INPUTS_BYTES == SL.TARGETS_BYTES, name
+        for sub in launches.submissions(prof):
+            first = sub.launches[0]
+            assert first.arg("record_ptr").offset == SL.INPUTS
+            assert first.arg("staged_ptr") == launches.BufferRef("staged", 0, "u32")

@@ -54,7 +54,7 @@ def test_every_launch_resolves_to_the_right_addresses(fake, cc, target):
         assert len(f.graphs) == 3
         log = iter(f.launch_log)
         for sub in subs:
-            assert sub.launches[0].function == launches.RELEASE
+            assert sub.launches[0].function == launches.STAGE_IN
             assert sub.launches[-1].function == launches.RELEASE
             for launch in sub.launches:
                 fn, grid, block, shared, addr = next(log)

@@ -198,7 +198,7 @@ def test_launch_lists_shape(name):
     assert bufs["w16"].elements == prof.parameter_count and "grad" not in bufs
     for sub in launches.submissions(prof):
         first, last = sub.launches[0], sub.launches[-1]
-        assert first.function == last.function == launches.RELEASE
+        assert (first.function, last.function) == (launches.STAGE_IN, launches.RELEASE)
         assert first.arg("slot_ptr").offset == SL.semaphore_slot(sub.index) + SL.SLOT_PRELAUNCH_RELEASE
         assert last.arg("slot_ptr").offset == SL.semaphore_slot(sub.index) + SL.SLOT_FINAL_RELEASE
         for launch in sub.launches:

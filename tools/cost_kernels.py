@@ -26,6 +26,7 @@ for _p in (ROOT, Path(__file__).resolve().parent):
 from cost_inputs import EMBED_CHAIN, LINE  # noqa: E402
 from plan import launches  # noqa: E402
 from plan.buffers import DTYPE_BYTES  # noqa: E402
+from staging import layout as SL  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -369,31 +370,37 @@ def _rmsnorm_bwd_gain(v: View) -> Work:
 def _cross_entropy(v: View) -> Work:
     T, V, R = v.scalar("T"), v.c["V"], v.c["ROWS"]
     e = R * V
-    # one fp32 logits row in, bf16 dlogits out; exp, two div_rn per element; max/sum/pick reductions
-    step = Step(load_bytes=e * 4, store_bytes=e * 2, mufu_ops=3 * e, alu_ops=30 * e, phases=3,
-                hbm_trips=1, staging_trips=1)
-    return Work((uniform(v.programs, 1, step),), hbm_bytes=T * V * (4 + 2),
-                staging=(Staging("targets_ptr", read_bytes=T * 4, read_requests=v.programs,
-                                 unique_bytes=T * 4),
-                         Staging("loss_ptr", write_bytes=T * 4), Staging("w0_ptr", write_bytes=T * 4)))
+    # one fp32 logits row in, bf16 dlogits out; exp, two div_rn per element; max/sum/pick
+    # reductions; the rows' targets (staging, or the staged device copy: an L2 hit) on the chain
+    staged = "targets_ptr" in v.staging_args()
+    step = Step(load_bytes=e * 4 + (0 if staged else R * 4), store_bytes=e * 2, mufu_ops=3 * e,
+                alu_ops=30 * e, phases=3, hbm_trips=1, staging_trips=1 if staged else 0,
+                l2_trips=0 if staged else 1)
+    targets = ((Staging("targets_ptr", read_bytes=T * 4, read_requests=v.programs,
+                        unique_bytes=T * 4),) if staged else ())
+    return Work((uniform(v.programs, 1, step),), hbm_bytes=T * V * (4 + 2) + (0 if staged else T * 4),
+                staging=targets + (Staging("loss_ptr", write_bytes=T * 4),
+                                   Staging("w0_ptr", write_bytes=T * 4)))
 
 
 @family("embed_fwd")
 def _embed_fwd(v: View) -> Work:
     T, D, R, d = v.scalar("T"), v.c["D"], v.c["BLOCK_R"], v.c["HEAD_DIM"]
     P = v.programs
-    # own ids (twice: gather and links) and all T ids (links) from staging, then the rows
-    # gathered (dependent), rmsnorm, the rope rows in float64 (sin/cos ≈ 40 dependent ops)
-    step = Step(load_bytes=R * D * 4 + D * 4,
+    # own ids (twice: gather and links) and all T ids (links) — from staging, or from the staged
+    # device copy (L2) — then the rows gathered (dependent), rmsnorm, the rope rows in float64
+    # (sin/cos ≈ 40 dependent ops)
+    per = 2 * R * 4 + T * 4
+    staged = "ids_ptr" in v.staging_args()
+    step = Step(load_bytes=R * D * 4 + D * 4 + (0 if staged else per),
                 store_bytes=2 * R * D * 4 + R * 4 + R * d * 4 + R * 4,
                 mufu_ops=R, alu_ops=6 * R * D + 3 * R * T + 80 * R * d, phases=2, serial_ops=80,
-                hbm_trips=1, staging_trips=1)
-    per = 2 * R * 4 + T * 4
+                hbm_trips=1, staging_trips=1 if staged else 0, l2_trips=0 if staged else 1)
+    ids = ((Staging("ids_ptr", read_bytes=P * per,
+                    read_requests=P * (2 * lines(R * 4) + lines(T * 4)), unique_bytes=T * 4),)
+           if staged else ())
     return Work((uniform(P, 1, step),),
-                hbm_bytes=T * D * 4 * 3 + D * 4 + T * 4 + T * d * 4 + T * 4,
-                staging=(Staging("ids_ptr", read_bytes=P * per,
-                                 read_requests=P * (2 * lines(R * 4) + lines(T * 4)),
-                                 unique_bytes=T * 4),))
+                hbm_bytes=T * D * 4 * 3 + D * 4 + T * 4 + T * d * 4 + T * 4, staging=ids)
 
 
 @family("embed_grad")
@@ -472,8 +479,24 @@ def _predictions(v: View) -> Work:
 
 @family(launches.RELEASE)
 def _release(v: View) -> Work:
-    # one thread: reads the doorbell, fence.acq_rel.sys (a second host round trip), 16 B out
-    step = Step(staging_trips=2)
+    # one thread: reads the doorbell (the device copy after the stage-in, or staging), then
+    # fence.acq_rel.sys (a host round trip), 16 B out
+    staged = "doorbell_ptr" in v.staging_args()
+    step = Step(staging_trips=2 if staged else 1, l2_trips=0 if staged else 1)
+    doorbell = (Staging("doorbell_ptr", read_bytes=4, read_requests=1, unique_bytes=4),) if staged else ()
     return Work((uniform(v.programs, 1, step),), hbm_bytes=0,
-                staging=(Staging("doorbell_ptr", read_bytes=4, read_requests=1, unique_bytes=4),
+                staging=doorbell + (Staging("slot_ptr", write_bytes=16),))
+
+
+@family(launches.STAGE_IN)
+def _release_stage_in(v: View) -> Work:
+    # one block: every thread reads 2 × 16 B of the input record from staging (64 lines in
+    # flight together: one round trip), stores them; thread 0 then reads the doorbell (a second
+    # round trip), stores it, fence.acq_rel.sys (a third), 16 B of semaphore record out
+    record = SL.INPUT_RECORD_BYTES
+    step = Step(load_bytes=0, store_bytes=record + 4, staging_trips=3, alu_ops=record // 4)
+    return Work((uniform(v.programs, 1, step),), hbm_bytes=record + 4,
+                staging=(Staging("record_ptr", read_bytes=record, read_requests=2 * record // 32,
+                                 unique_bytes=record),
+                         Staging("doorbell_ptr", read_bytes=4, read_requests=1, unique_bytes=4),
                          Staging("slot_ptr", write_bytes=16)))
