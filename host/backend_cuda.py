@@ -8,15 +8,16 @@ captured once into a CUDA graph and issued by one cuGraphLaunch.
 """
 from __future__ import annotations
 
+import warnings
+
 from plan import launches as _launches
-from plan.buffers import buffers as _buffers
 from staging import layout as SL
 from staging import records as R
 from staging.views import StagingViews, poison
 
 from . import driver as drv
 from . import ptx
-from .backend import Backend, BackendUnavailable, DeviceError, DeviceInfo
+from .backend import Backend, BackendUnavailable, DeviceInfo
 
 
 def choose_target(compute_capability: int) -> str:
@@ -35,8 +36,11 @@ class CudaBackend(Backend):
     code = R.BACKEND_CUDA
 
     def __init__(self, profile, device: drv.Device | None = None):
-        self.profile = profile
+        super().__init__(profile)
         self._closers = []
+        self._graphs: list[drv.Graph] = []
+        self._snapshot: drv.DeviceBuffer | None = None
+        self._copy_stream: drv.Stream | None = None
         self.dev = device or drv.Device()
         self._closers.append(self.dev)
         try:
@@ -46,17 +50,9 @@ class CudaBackend(Backend):
             self._closers.append(self.region)
             poison(self.region.array)
             self.staging = StagingViews(self.region.array, profile)
-            self.buffers: dict[str, drv.DeviceBuffer] = {}
-            for name, spec in _buffers(profile).items():
-                b = drv.DeviceBuffer(spec.nbytes)
-                self._closers.append(b)
-                # poison: NaN in every float buffer, so a kernel reading an unwritten value shows
-                drv.memset_d8(b.ptr, 0xFF, spec.nbytes, self.dev.stream)
-                self.buffers[name] = b
-            self.dev.synchronize()
+            self.allocate_buffers()
             self.kernels = self.manifest.kernels(self._closers)
             self._submissions = _launches.submissions(profile)
-            self._graphs: list[drv.Graph] = []
         except BaseException:
             self.close()
             raise
@@ -65,50 +61,48 @@ class CudaBackend(Backend):
         return DeviceInfo(self.dev.name, self.dev.compute_capability, self.dev.driver_version,
                           self.target)
 
-    # ---- payload through the transfer window (synchronous: the window is reused per chunk)
-    def _check_chunk(self, offset: int, nbytes: int) -> None:
-        total = self.buffers["pmv"].nbytes
-        if nbytes > SL.TRANSFER_WINDOW_BYTES or offset < 0 or offset + nbytes > total:
-            raise ValueError(f"chunk [{offset}, {offset + nbytes}) outside the payload ({total} "
-                             "bytes) or larger than the transfer window")
+    def _alloc(self, spec, fill: int) -> drv.DeviceBuffer:
+        b = drv.DeviceBuffer(spec.nbytes)
+        self._closers.append(b)
+        drv.memset_d8(b.ptr, fill, spec.nbytes, self.dev.stream)
+        return b
 
-    def upload_chunk(self, offset: int, nbytes: int) -> None:
-        self._check_chunk(offset, nbytes)
+    # ---- payload through the transfer window (synchronous: the window is reused per chunk;
+    # bounds checked by the base)
+    def _upload_chunk(self, offset: int, nbytes: int) -> None:
         drv.memcpy_htod(self.buffers["pmv"].ptr + offset, self.region.host_ptr + SL.TRANSFER_WINDOW,
                         nbytes, self.dev.stream)
         self.dev.synchronize()
 
-    def download_chunk(self, offset: int, nbytes: int) -> None:
-        self._check_chunk(offset, nbytes)
+    def _download_chunk(self, offset: int, nbytes: int) -> None:
         drv.memcpy_dtoh(self.region.host_ptr + SL.TRANSFER_WINDOW, self.buffers["pmv"].ptr + offset,
                         nbytes, self.dev.stream)
         self.dev.synchronize()
 
     # ---- snapshot for publication while training goes on (one extra payload on the device)
     def snapshot(self) -> None:
-        if getattr(self, "_snapshot", None) is None:
+        if self._snapshot is None:
             self._snapshot = drv.DeviceBuffer(self.buffers["pmv"].nbytes)
             self._closers.append(self._snapshot)
-            self._copy_stream = self.dev.new_stream()
+            self._copy_stream = drv.Stream()
+            self._closers.append(self._copy_stream)
         # on the submission stream, after the update that was just fenced; ~0.25 ms for 692 MB
         drv.memcpy_dtod(self._snapshot.ptr, self.buffers["pmv"].ptr, self._snapshot.nbytes,
                         self.dev.stream)
         self.dev.synchronize()
 
-    def download_snapshot_chunk(self, offset: int, nbytes: int) -> None:
-        self._check_chunk(offset, nbytes)
+    def _download_snapshot_chunk(self, offset: int, nbytes: int) -> None:
         self.dev.make_current()
         drv.memcpy_dtoh(self.region.host_ptr + SL.TRANSFER_WINDOW, self._snapshot.ptr + offset,
                         nbytes, self._copy_stream)
-        drv.check(drv.cu().cuStreamSynchronize(self._copy_stream), "cuStreamSynchronize")
+        self._copy_stream.synchronize()
 
-    # ---- launch lists
-    def resolve(self, arg, t_base: int):
-        if isinstance(arg, _launches.BufferRef):
-            return self.buffers[arg.buffer].ptr + arg.byte_offset
-        if isinstance(arg, _launches.StagingRef):
-            return self.region.device_ptr + arg.offset
-        return self.scalar_value(arg, t_base)
+    # ---- launch lists (scalars resolved by the base)
+    def _buffer_arg(self, ref) -> int:
+        return self.buffers[ref.buffer].ptr + ref.byte_offset
+
+    def _staging_arg(self, ref) -> int:
+        return self.region.device_ptr + ref.offset
 
     def packed(self, launch, t_base: int):
         kernel = self.kernels[launch.kernel]
@@ -116,7 +110,7 @@ class CudaBackend(Backend):
         # Triton's hidden trailing scratch pointers: null unless the kernel asked for scratch, then
         # per-program bytes × programs in the grid, as Triton's own launcher allocates
         programs = launch.grid[0] * launch.grid[1] * launch.grid[2]
-        for size in getattr(kernel, "scratch", ()):
+        for size in kernel.scratch:
             if size:
                 buf = drv.DeviceBuffer(size * programs)
                 self._closers.append(buf)
@@ -151,15 +145,14 @@ class CudaBackend(Backend):
         self.dev.synchronize()
 
     def close(self) -> None:
-        if getattr(self, "_copy_stream", None) is not None:
-            drv.cu().cuStreamDestroy(self._copy_stream)
-            self._copy_stream = None
-        for g in getattr(self, "_graphs", []):
+        """Graphs, then every allocation in reverse order; a failure is reported, never raised."""
+        for g in self._graphs:
             g.close()
         self._graphs = []
         for c in reversed(self._closers):
             try:
                 c.close()
-            except Exception:
-                pass
+            except Exception as e:          # not a driver return: still report, keep closing
+                warnings.warn(f"closing {type(c).__name__}: {type(e).__name__}: {e}",
+                              drv.ReleaseWarning, stacklevel=2)
         self._closers = []

@@ -1,13 +1,16 @@
-"""The CUDA driver path: `check()`, the primary context, memory, mapped staging, modules, graphs.
+"""The CUDA driver path: `check()`, the primary context, streams, memory, mapped staging, modules,
+graphs.
 
 Driver API only (`from cuda.bindings import driver`), imported lazily so that every other part of the
 host runs without a driver.  Works with the 12.x and 13.x bindings: the primary context avoids
 `cuCtxCreate`, whose signature 13.x changed.  Each wrapper is a small class; every driver return goes
-through `check()`, which turns it into its values or a `DriverError` naming the call.
+through `check()`, which turns it into its values or a `DriverError` naming the call; close paths
+go through `release()`, which reports a failure as a warning instead of raising it.
 """
 from __future__ import annotations
 
 import ctypes
+import warnings
 
 from .backend import BackendUnavailable, DeviceError
 
@@ -32,14 +35,16 @@ class DriverError(DeviceError):
     """A driver call returned an error: names the call and the CUresult."""
 
 
+class ReleaseWarning(RuntimeWarning):
+    """A driver call on a close path failed; reported, not raised (the run's outcome stands)."""
+
+
 def error_name(code) -> str:
+    """The CUresult's name from the bindings' enum (no driver or device needed), else its number."""
     try:
-        err, name = cu().cuGetErrorName(code)
-        if int(err) == 0 and name:
-            return name.decode()
+        return cu().CUresult(int(code)).name
     except Exception:
-        pass
-    return f"CUresult {int(code)}"
+        return f"CUresult {int(code)}"
 
 
 def check(ret, call: str):
@@ -53,6 +58,16 @@ def check(ret, call: str):
     if not values:
         return None
     return values[0] if len(values) == 1 else values
+
+
+def release(ret, call: str) -> DriverError | None:
+    """`check()` for a close path: a failure is reported as a ReleaseWarning and returned."""
+    try:
+        check(ret, call)
+    except DriverError as e:
+        warnings.warn(f"{e} (while releasing)", ReleaseWarning, stacklevel=2)
+        return e
+    return None
 
 
 def pointer(handle) -> int:
@@ -90,22 +105,43 @@ class Device:
             A.CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY, self.handle), "cuDeviceGetAttribute"))
         self.context = check(d.cuDevicePrimaryCtxRetain(self.handle), "cuDevicePrimaryCtxRetain")
         check(d.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
-        self.stream = check(d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
+        self.stream = Stream()
 
     def make_current(self) -> None:
         """Bind the primary context to the calling thread (a publisher thread needs it too)."""
         check(cu().cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
-
-    def new_stream(self):
-        return check(cu().cuStreamCreate(cu().CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
 
     @property
     def compute_capability(self) -> int:
         return 10 * self.major + self.minor
 
     def query(self) -> bool:
-        """True when the stream is idle; raises DriverError on a device fault."""
-        ret = cu().cuStreamQuery(self.stream)
+        """True when the submission stream is idle; raises DriverError on a device fault."""
+        return self.stream.query()
+
+    def synchronize(self) -> None:
+        self.stream.synchronize()
+
+    def close(self) -> None:
+        if getattr(self, "stream", None) is not None:
+            self.stream.close()
+            self.stream = None
+        if getattr(self, "context", None) is not None:
+            release(cu().cuDevicePrimaryCtxRelease(self.handle), "cuDevicePrimaryCtxRelease")
+            self.context = None
+
+
+class Stream:
+    """A non-blocking stream of the current context."""
+
+    def __init__(self):
+        d = cu()
+        self.handle = check(d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING),
+                            "cuStreamCreate")
+
+    def query(self) -> bool:
+        """True when idle, False while work is pending; raises DriverError on a device fault."""
+        ret = cu().cuStreamQuery(self.handle)
         code = ret[0] if isinstance(ret, tuple) else ret
         if int(code) == int(cu().CUresult.CUDA_ERROR_NOT_READY):
             return False
@@ -113,16 +149,12 @@ class Device:
         return True
 
     def synchronize(self) -> None:
-        check(cu().cuStreamSynchronize(self.stream), "cuStreamSynchronize")
+        check(cu().cuStreamSynchronize(self.handle), "cuStreamSynchronize")
 
     def close(self) -> None:
-        d = cu()
-        if getattr(self, "stream", None) is not None:
-            d.cuStreamDestroy(self.stream)
-            self.stream = None
-        if getattr(self, "context", None) is not None:
-            d.cuDevicePrimaryCtxRelease(self.handle)
-            self.context = None
+        if self.handle is not None:
+            release(cu().cuStreamDestroy(self.handle), "cuStreamDestroy")
+            self.handle = None
 
 
 class DeviceBuffer:
@@ -135,7 +167,7 @@ class DeviceBuffer:
 
     def close(self) -> None:
         if self.handle is not None:
-            cu().cuMemFree(self.handle)
+            release(cu().cuMemFree(self.handle), "cuMemFree")
             self.handle = None
 
 
@@ -174,7 +206,7 @@ class MappedRegion:
         if self.host_ptr:
             self.array = None
             self._buffer = None
-            cu().cuMemFreeHost(self.host_ptr)
+            release(cu().cuMemFreeHost(self.host_ptr), "cuMemFreeHost")
             self.host_ptr = 0
 
 
@@ -195,7 +227,7 @@ class Module:
 
     def close(self) -> None:
         if self.handle is not None:
-            cu().cuModuleUnload(self.handle)
+            release(cu().cuModuleUnload(self.handle), "cuModuleUnload")
             self.handle = None
 
 
@@ -207,9 +239,13 @@ class Kernel:
               "u16": ctypes.c_uint16, "i16": ctypes.c_int16, "u8": ctypes.c_uint8,
               "i8": ctypes.c_int8, "f64": ctypes.c_double}
 
-    def __init__(self, function, name: str, param_types: list[str], threads: int, shared: int):
+    def __init__(self, function, name: str, param_types: list[str], threads: int, shared: int,
+                 scratch: tuple[int, ...] = ()):
+        """`scratch`: bytes per program of each of Triton's hidden trailing scratch pointers
+        (0: passed as null)."""
         self.function, self.name = function, name
         self.param_types, self.threads, self.shared = param_types, threads, shared
+        self.scratch = tuple(scratch)
         if shared > 48 * 1024:
             d = cu()
             check(d.cuFuncSetAttribute(
@@ -222,9 +258,9 @@ class Kernel:
                              f"{len(self.param_types)} parameters")
         return PackedParams([self.CTYPES[t](v) for t, v in zip(self.param_types, values)])
 
-    def launch(self, stream, grid: tuple[int, int, int], params: "PackedParams") -> None:
-        check(cu().cuLaunchKernel(self.function, *grid, self.threads, 1, 1, self.shared, stream,
-                                  params.address, 0), f"cuLaunchKernel({self.name})")
+    def launch(self, stream: Stream, grid: tuple[int, int, int], params: "PackedParams") -> None:
+        check(cu().cuLaunchKernel(self.function, *grid, self.threads, 1, 1, self.shared,
+                                  stream.handle, params.address, 0), f"cuLaunchKernel({self.name})")
 
 
 class PackedParams:
@@ -244,40 +280,41 @@ class Graph:
         """`record(stream)` enqueues the submission's launches on the capturing stream."""
         d = cu()
         self.device = device
+        stream = device.stream
         mode = d.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
-        check(d.cuStreamBeginCapture(device.stream, mode), "cuStreamBeginCapture")
+        check(d.cuStreamBeginCapture(stream.handle, mode), "cuStreamBeginCapture")
         try:
-            record(device.stream)
+            record(stream)
         except BaseException:
-            d.cuStreamEndCapture(device.stream)
+            release(d.cuStreamEndCapture(stream.handle), "cuStreamEndCapture")
             raise
-        self.graph = check(d.cuStreamEndCapture(device.stream), "cuStreamEndCapture")
+        self.graph = check(d.cuStreamEndCapture(stream.handle), "cuStreamEndCapture")
         self.exec = check(d.cuGraphInstantiate(self.graph, 0), "cuGraphInstantiate")
 
     def launch(self) -> None:
-        check(cu().cuGraphLaunch(self.exec, self.device.stream), "cuGraphLaunch")
+        check(cu().cuGraphLaunch(self.exec, self.device.stream.handle), "cuGraphLaunch")
 
     def close(self) -> None:
         d = cu()
         if getattr(self, "exec", None) is not None:
-            d.cuGraphExecDestroy(self.exec)
+            release(d.cuGraphExecDestroy(self.exec), "cuGraphExecDestroy")
             self.exec = None
         if getattr(self, "graph", None) is not None:
-            d.cuGraphDestroy(self.graph)
+            release(d.cuGraphDestroy(self.graph), "cuGraphDestroy")
             self.graph = None
 
 
-def memcpy_dtod(dst: int, src: int, nbytes: int, stream) -> None:
-    check(cu().cuMemcpyDtoDAsync(dst, src, nbytes, stream), "cuMemcpyDtoDAsync")
+def memcpy_dtod(dst: int, src: int, nbytes: int, stream: Stream) -> None:
+    check(cu().cuMemcpyDtoDAsync(dst, src, nbytes, stream.handle), "cuMemcpyDtoDAsync")
 
 
-def memcpy_htod(dst: int, src_host: int, nbytes: int, stream) -> None:
-    check(cu().cuMemcpyHtoDAsync(dst, src_host, nbytes, stream), "cuMemcpyHtoDAsync")
+def memcpy_htod(dst: int, src_host: int, nbytes: int, stream: Stream) -> None:
+    check(cu().cuMemcpyHtoDAsync(dst, src_host, nbytes, stream.handle), "cuMemcpyHtoDAsync")
 
 
-def memcpy_dtoh(dst_host: int, src: int, nbytes: int, stream) -> None:
-    check(cu().cuMemcpyDtoHAsync(dst_host, src, nbytes, stream), "cuMemcpyDtoHAsync")
+def memcpy_dtoh(dst_host: int, src: int, nbytes: int, stream: Stream) -> None:
+    check(cu().cuMemcpyDtoHAsync(dst_host, src, nbytes, stream.handle), "cuMemcpyDtoHAsync")
 
 
-def memset_d8(dst: int, value: int, nbytes: int, stream) -> None:
-    check(cu().cuMemsetD8Async(dst, value, nbytes, stream), "cuMemsetD8Async")
+def memset_d8(dst: int, value: int, nbytes: int, stream: Stream) -> None:
+    check(cu().cuMemsetD8Async(dst, value, nbytes, stream.handle), "cuMemsetD8Async")

@@ -103,10 +103,7 @@ def test_payload_moves_through_the_transfer_window(fake):
     with CudaBackend(TINY) as b:
         rng = np.random.default_rng(3)
         payload = rng.integers(0, 256, TINY.payload_bytes, dtype=np.uint8)
-        for off in range(0, TINY.payload_bytes, L.TRANSFER_WINDOW_BYTES):
-            n = min(L.TRANSFER_WINDOW_BYTES, TINY.payload_bytes - off)
-            b.staging.transfer[:n] = payload[off:off + n]
-            b.upload_chunk(off, n)
+        b.upload_payload(payload)
         pmv = (ctypes.c_uint8 * TINY.payload_bytes).from_address(b.buffers["pmv"].ptr)
         assert np.array_equal(np.frombuffer(pmv, np.uint8), payload)
         b.staging.transfer[:] = 0
@@ -186,3 +183,101 @@ def test_host_buffer_is_zero_copy_with_and_without_cffi(monkeypatch):
         view = np.frombuffer(drv.host_buffer(addr, 64), np.uint8)
         view[-1] = 7 + blocked
         assert backing.raw[-1] == 7 + blocked
+
+
+# ---- manifests: exactly the build tool's schema, each PTX file checked against its digest ----
+
+def _manifest_copy(tmp_path, edit=None):
+    import json
+    import shutil
+    src = ptx.ROOT / "tiny" / "sm_80"
+    dst = tmp_path / "tiny" / "sm_80"
+    shutil.copytree(src, dst)
+    if edit is not None:
+        data = json.loads((dst / ptx.MANIFEST).read_text())
+        edit(data, dst)
+        (dst / ptx.MANIFEST).write_text(json.dumps(data))
+    return dst
+
+
+def test_a_ptx_file_that_differs_from_its_digest_is_refused_at_load(fake, tmp_path):
+    _manifest_copy(tmp_path)
+    m = ptx.Manifest.load("tiny", "sm_80", root=tmp_path)
+    victim = next(e for e in m.entries.values() if e.entry != launches.RELEASE)
+    text = victim.file.read_bytes()
+    victim.file.write_bytes(text[:-2] + b" \n")                # one byte changed, at the end
+    assert any(victim.key in p and "digest" in p for p in m.verify())
+    fake((8, 6))
+    with pytest.raises(ptx.PtxAltered, match=victim.file.name):
+        m.kernels([])
+
+
+@pytest.mark.parametrize("key", ["sha256", "threads", "shared", "entry"])
+def test_a_manifest_entry_without_a_written_key_is_refused_naming_it(tmp_path, key):
+    first = {}
+
+    def drop(data, _):
+        name = sorted(data["kernels"])[0]
+        first["name"] = name
+        del data["kernels"][name][key]
+    _manifest_copy(tmp_path, drop)
+    with pytest.raises(ptx.PtxMissing, match=f"{first['name']}: no '{key}'"):
+        ptx.Manifest.load("tiny", "sm_80", root=tmp_path)
+
+
+def test_no_alternate_keys_the_build_tool_never_writes(tmp_path):
+    """`threads_per_block` / `symbol` / `entries` were read once; nobody writes them."""
+    def rename(data, _):
+        for rec in data["kernels"].values():
+            rec["threads_per_block"] = rec.pop("threads")
+    _manifest_copy(tmp_path, rename)
+    with pytest.raises(ptx.PtxMissing, match="no 'threads'"):
+        ptx.Manifest.load("tiny", "sm_80", root=tmp_path)
+
+
+def test_kernels_receive_their_scratch_sizes_from_the_manifest(fake):
+    from host.backend_cuda import CudaBackend
+    fake()
+    with CudaBackend(TINY) as b:
+        for key, k in b.kernels.items():
+            e = b.manifest.entries[key]
+            assert k.scratch == e.scratch and len(k.scratch) == len(e.hidden)
+
+
+# ---- close paths: through check(), a failure reported, never raised ----
+
+def test_a_failing_free_is_reported_not_raised(fake):
+    from host.backend_cuda import CudaBackend
+    f = fake()
+    b = CudaBackend(TINY)
+    f.cuMemFree = lambda ptr: (CUresult.CUDA_ERROR_ILLEGAL_ADDRESS,)
+    with pytest.warns(drv.ReleaseWarning, match="CUDA_ERROR_ILLEGAL_ADDRESS from cuMemFree"):
+        b.close()
+    assert b._closers == []
+
+
+def test_driver_errors_are_named_from_one_table(fake):
+    from host.cmd_inspect import info_name
+    fake()
+    assert drv.error_name(700) == "CUDA_ERROR_ILLEGAL_ADDRESS"
+    assert drv.error_name(123456) == "CUresult 123456"
+    assert info_name(700) == "CUDA_ERROR_ILLEGAL_ADDRESS"
+    assert info_name(R.INFO_FENCE_TIMEOUT) != "CUresult 65537"
+
+
+# ---- doctor drives the backend a run uses ----
+
+def test_doctor_opens_the_cuda_backend_and_smoke_launches(fake, capsys):
+    import argparse
+    import json
+
+    from host import cmd_doctor
+    fake()
+    rc = cmd_doctor.run(argparse.Namespace(profile="tiny", json=True))
+    report = json.loads(capsys.readouterr().out)
+    assert rc == 0, report
+    names = [c["name"] for c in report["checks"]]
+    for want in ("driver", "device", "PTX target", "staging", "backend open", "smoke launch"):
+        assert want in names
+    smoke = next(c for c in report["checks"] if c["name"] == "smoke launch")
+    assert "0x5eed" in smoke["value"] and smoke["ok"]
