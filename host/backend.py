@@ -167,6 +167,10 @@ class Backend:
     def synchronize(self) -> None:
         raise NotImplementedError
 
+    def abandon(self, reason: str) -> None:
+        """Something may still touch the backend's memory (a thread, the device): close() must
+        free nothing.  Host memory is garbage-collected, so only the cuda backend acts on it."""
+
     def close(self) -> None:
         pass
 

@@ -1,13 +1,17 @@
 """The cuda backend: the plan's launch lists on an NVIDIA GPU through the driver API.
 
-Only runtime dependencies (cuda-python, numpy, cffi): no Triton, no torch.  PTX comes from
+Only runtime dependencies (cuda-bindings, numpy, cffi): no Triton, no torch.  PTX comes from
 `kernels_ptx/<profile>/<target>/` (the target chosen by compute capability: 9.0 → sm_90a,
-≥ 8.0 → sm_80, else refused); the driver's JIT loads it.  Staging is the 8 MiB pinned region mapped
-into the device; every device buffer of plan/buffers.py is one cuMemAlloc.  Each submission is
-captured once into a CUDA graph and issued by one cuGraphLaunch.
+≥ 8.0 → sm_80, else refused); the driver's JIT loads every module first, and a kernel the device
+cannot launch as its manifest asks (shared memory, threads per block) is refused before any memory
+is allocated.  Staging is the 8 MiB pinned region mapped into the device; every device buffer of
+plan/buffers.py is one cuMemAlloc.  Each submission is captured once into a CUDA graph and issued
+by one cuGraphLaunch.  Closing waits a bounded time for issued work; what the GPU may still touch
+after that is never freed (process exit frees it).
 """
 from __future__ import annotations
 
+import time
 import warnings
 
 from plan import launches as _launches
@@ -17,7 +21,44 @@ from staging.views import StagingViews, poison
 
 from . import driver as drv
 from . import ptx
-from .backend import Backend, BackendUnavailable, DeviceInfo
+from .backend import Backend, BackendUnavailable, DeviceError, DeviceInfo
+
+DRAIN_TIMEOUT_S = 10.0      # close waits this long for issued work before leaving memory to exit
+DRAIN_POLL_S = 1e-3
+REFUSALS_SHOWN = 4          # kernels named in a refusal; the rest are counted
+SHARED_HINT = ("the sm_80 kernels need up to 147,456 B of shared memory per block: an A100 (cc 8.0) "
+               "or an H100/H200 (cc 9.0) runs them, cc 8.6/8.9/12.0 GPUs allow about 99 KiB "
+               "(README: which GPUs run)")
+THREADS_HINT = ("the JIT gave it more registers than that many threads can hold; "
+                "`coppelius doctor` lists the registers per function")
+
+
+class KernelRefused(BackendUnavailable):
+    """The device cannot launch a kernel as its manifest asks."""
+
+
+def refuse_unfit(kernels: dict, device) -> None:
+    """Refuse, before any work, the kernels this device cannot launch as their manifests ask:
+    more shared memory per block than the device's opt-in limit, or more threads per block than
+    the driver allows the function."""
+    problems, hints = [], []
+    for k in kernels.values():
+        a = k.attributes
+        if k.shared_per_block > device.shared_optin:
+            problems.append(f"{k.name} needs {k.shared_per_block:,} B of shared memory per block, "
+                            f"the limit is {device.shared_optin:,} B")
+            hints.append(SHARED_HINT)
+        if k.threads > a.max_threads:
+            problems.append(f"{k.name} launches {k.threads} threads per block, the driver allows "
+                            f"{a.max_threads} at its {a.registers} registers")
+            hints.append(THREADS_HINT)
+    if problems:
+        more = len(problems) - REFUSALS_SHOWN
+        shown = "; ".join(problems[:REFUSALS_SHOWN]) + (f"; and {more} more" if more > 0 else "")
+        cc = device.compute_capability
+        raise KernelRefused(f"{device.name} (compute capability {cc // 10}.{cc % 10}) cannot run "
+                            f"{len(problems)} kernel launch shape(s): {shown}",
+                            "; ".join(dict.fromkeys(hints)))
 
 
 def choose_target(compute_capability: int) -> str:
@@ -43,15 +84,23 @@ class CudaBackend(Backend):
         self._copy_stream: drv.Stream | None = None
         self.dev = device or drv.Device()
         self._closers.append(self.dev)
+        self._abandoned: str | None = None
+        self.left_to_exit: list = []    # what close() did not free (the GPU may still touch it)
         try:
             self.target = choose_target(self.dev.compute_capability)
             self.manifest = ptx.Manifest.load(profile.name, self.target)
+            # every module JIT-loaded and its functions' attributes read before any allocation
+            t = time.perf_counter()
+            self.kernels = self.manifest.kernels(self._closers)
+            self.jit_s = time.perf_counter() - t
+            refuse_unfit(self.kernels, self.dev)
+            for k in self.kernels.values():
+                k.opt_in_shared()
             self.region = drv.MappedRegion(SL.REGION_BYTES)
             self._closers.append(self.region)
             poison(self.region.array)
             self.staging = StagingViews(self.region.array, profile)
             self.allocate_buffers()
-            self.kernels = self.manifest.kernels(self._closers)
             self._submissions = _launches.submissions(profile)
         except BaseException:
             self.close()
@@ -144,8 +193,39 @@ class CudaBackend(Backend):
     def synchronize(self) -> None:
         self.dev.synchronize()
 
+    def abandon(self, reason: str) -> None:
+        """Something may still touch device memory or staging: close() frees nothing."""
+        self._abandoned = self._abandoned or reason
+
+    def _drained(self, timeout_s: float) -> bool:
+        """Wait up to timeout_s for every stream to go idle; a faulted stream runs nothing more."""
+        streams = [s for s in (self.dev.stream, self._copy_stream) if s is not None]
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                if all(s.query() for s in streams):
+                    return True
+            except DeviceError:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(DRAIN_POLL_S)
+
     def close(self) -> None:
-        """Graphs, then every allocation in reverse order; a failure is reported, never raised."""
+        """Graphs, then every allocation in reverse order, once the streams are idle; a failure is
+        reported, never raised.  Streams still busy after DRAIN_TIMEOUT_S (a fence timeout, a hung
+        kernel) or a thread still using staging: nothing is freed, process exit frees it."""
+        if not self._closers and not self._graphs:
+            return
+        if self._abandoned is None and not self._drained(DRAIN_TIMEOUT_S):
+            self._abandoned = f"the GPU is still busy {DRAIN_TIMEOUT_S:g} s after the run"
+        if self._abandoned is not None:
+            warnings.warn(f"cuda backend: {self._abandoned}: device memory, the mapped staging "
+                          "region, the modules and the context are left for process exit to free",
+                          drv.ReleaseWarning, stacklevel=2)
+            self.left_to_exit += self._graphs + self._closers   # referenced, never freed
+            self._graphs, self._closers = [], []
+            return
         for g in self._graphs:
             g.close()
         self._graphs = []

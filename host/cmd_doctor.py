@@ -1,7 +1,13 @@
-"""`coppelius doctor`: driver, device, compute capability, PTX target, staging mapping, smoke launch.
+"""`coppelius doctor`: driver, device, compute capability, PTX target, staging mapping, every
+module's functions as the driver reports them, smoke launch.
 
-It opens the cuda backend exactly as a run does (`CudaBackend`: device, mapped staging, poisoned
-buffers, every module JIT-loaded) and reports each stage, so what doctor passes a run gets.
+It opens the cuda backend exactly as a run does (`CudaBackend`: device, every module JIT-loaded and
+checked against the device's limits, mapped staging, poisoned buffers) and reports each stage, so
+what doctor passes a run gets.  `--json` prints one object: {"ok", "checks": [{"name", "value",
+"ok"}], "modules": [{"file", "functions": [{"kernel", "entry", "registers", "threads",
+"max_threads", "shared_dynamic", "shared_static", "local_bytes", "spill_stores", "spill_loads"}]}]}.
+Spills come from the JIT's log, which is empty when the driver's compute cache served the module
+(CUDA_CACHE_DISABLE=1 forces the JIT): then they are null and `local_bytes` is what is known.
 """
 from __future__ import annotations
 
@@ -39,13 +45,45 @@ class Report:
         if self.console is not None:
             self.console.print(text)
 
+    def modules(self, modules: list[dict]) -> None:
+        """Per PTX file, what the driver reports for each function."""
+        if self.console is None:
+            return
+        from rich.table import Table
+        table = Table("module", "function", "regs", "threads (max)", "shared B (static)",
+                      "local B", "spills st/ld B", box=None, pad_edge=False)
+        for m in modules:
+            for f in m["functions"]:
+                spills = "—" if f["spill_stores"] is None else f"{f['spill_stores']}/{f['spill_loads']}"
+                table.add_row(m["file"], f["entry"], str(f["registers"]),
+                              f"{f['threads']} ({f['max_threads']})",
+                              f"{f['shared_dynamic']:,} ({f['shared_static']:,})",
+                              str(f["local_bytes"]), spills)
+        self.console.print(table)
+
     def finish(self, **extra) -> int:
         if self.console is None:
             import json
-            print(json.dumps({"ok": self.ok, "checks": self.checks, **extra}, indent=1))
+            print(json.dumps({"ok": self.ok, "checks": self.checks, "modules": [], **extra},
+                             indent=1))
         else:
             self.console.print("all checks passed" if self.ok else "[red]some checks failed[/red]")
         return 0 if self.ok else 1
+
+
+def function_report(backend) -> list[dict]:
+    """Per module (PTX file) of the manifest, what the driver reports for each of its functions."""
+    by_file: dict[str, list[dict]] = {}
+    for key, e in backend.manifest.entries.items():
+        k = backend.kernels[key]
+        a = k.attributes
+        stores, loads = k.spills if k.spills is not None else (None, None)
+        by_file.setdefault(e.file.name, []).append({
+            "kernel": key, "entry": e.entry, "registers": a.registers, "threads": k.threads,
+            "max_threads": a.max_threads, "shared_dynamic": k.shared,
+            "shared_static": a.static_shared, "local_bytes": a.local_bytes,
+            "spill_stores": stores, "spill_loads": loads})
+    return [{"file": f, "functions": fns} for f, fns in sorted(by_file.items())]
 
 
 def _smoke_launch(backend, report: Report) -> None:
@@ -70,34 +108,14 @@ def _smoke_launch(backend, report: Report) -> None:
                 f"{int(rec['final_timestamp'])} ns, {dt * 1e6:.0f} µs round trip", good)
 
 
-def run(args) -> int:
-    # imports here, not at the top: every subcommand module is imported to build --help
-    import warnings
-
-    from plan import profiles
-    from staging import layout as L
-
+def _installation_checks(profile, report: Report) -> bool:
+    """Version, committed PTX, bindings; False when nothing further can be checked."""
     from . import __version__
     from . import driver as drv
     from . import ptx
-    from .backend import BackendUnavailable, DeviceError
-    from .backend_cuda import CudaBackend
     from .errors import UserError
-
-    report = Report(args.json)
     line = report.line
-
-    try:
-        profile = profiles.get(args.profile)
-    except KeyError as e:
-        raise UserError(str(e.args[0])) from None
     line("coppelius", f"{__version__}, python {sys.version.split()[0]}")
-    try:
-        import cuda.bindings
-        line("cuda-python", getattr(cuda.bindings, "__version__", "?"))
-    except ImportError as e:
-        line("cuda-python", f"not installed ({e})", False)
-        return report.finish()
     for target in ("sm_90a", "sm_80"):
         try:
             m = ptx.Manifest.load(profile.name, target)
@@ -107,8 +125,62 @@ def run(args) -> int:
                  not problems)
         except UserError as e:
             line(f"PTX {profile.name}/{target}", str(e), False)
+    bindings = drv.bindings_version()
+    if bindings is None:
+        line("cuda-bindings", "not installed", False)
+        report.note(f"hint: {drv.BINDINGS_HINT}")
+        return False
+    try:
+        drv.check_bindings_version(bindings)
+    except drv.BindingsMismatch as e:
+        line("cuda-bindings", str(e), False)
+        return False
+    line("cuda-bindings", bindings)
+    return True
+
+
+def _backend_checks(backend, report: Report, open_s: float) -> list[dict]:
+    """What the opened backend reports: target, staging, every function, a smoke launch."""
+    from staging import layout as L
+    line, dev, region = report.line, backend.dev, backend.region
+    line("PTX target", backend.target)
+    line("staging", f"{L.REGION_BYTES >> 20} MiB pinned, host {region.host_ptr:#x} → "
+         f"device {region.device_ptr:#x}, can map host memory: {bool(dev.can_map_host)}",
+         bool(dev.can_map_host))
+    line("backend open", f"{len(backend.kernels)} kernels JIT-loaded in {backend.jit_s:.2f} s, "
+         f"{len(backend.buffers)} buffers poisoned, {open_s:.2f} s in all")
+    modules = function_report(backend)
+    report.modules(modules)
+    line("device limits", f"shared memory per block ≤ {dev.shared_optin:,} B (opt-in); "
+         f"largest need {max(k.shared_per_block for k in backend.kernels.values()):,} B")
+    _smoke_launch(backend, report)
+    return modules
+
+
+def run(args) -> int:
+    # imports here, not at the top: every subcommand module is imported to build --help
+    import warnings
+
+    from plan import profiles
+
+    from . import driver as drv
+    from .backend import BackendUnavailable, DeviceError
+    from .backend_cuda import CudaBackend
+    from .errors import UserError
+
+    report = Report(args.json)
+    line = report.line
+    try:
+        profile = profiles.get(args.profile)
+    except KeyError as e:
+        raise UserError(str(e.args[0])) from None
+    if not _installation_checks(profile, report):
+        return report.finish()
     try:
         dev = drv.Device()
+    except drv.BindingsMismatch as e:              # bindings newer than the driver's CUDA
+        line("cuda-bindings", str(e), False)
+        return report.finish()
     except BackendUnavailable as e:
         line("driver", e.message, False)
         report.note(f"no GPU here: {e.hint}")
@@ -122,21 +194,15 @@ def run(args) -> int:
     except (UserError, DeviceError) as e:
         line("cuda backend", str(e), False)
         return report.finish()
+    modules: list[dict] = []
     with warnings.catch_warnings(record=True) as released:
         warnings.simplefilter("always", drv.ReleaseWarning)
         try:
-            line("PTX target", backend.target)
-            region = backend.region
-            line("staging", f"{L.REGION_BYTES >> 20} MiB pinned, host {region.host_ptr:#x} → "
-                 f"device {region.device_ptr:#x}, can map host memory: {bool(dev.can_map_host)}",
-                 bool(dev.can_map_host))
-            line("backend open", f"{len(backend.kernels)} kernels JIT-loaded, {len(backend.buffers)} "
-                 f"buffers poisoned, {time.perf_counter() - t:.2f} s")
-            _smoke_launch(backend, report)
+            modules = _backend_checks(backend, report, time.perf_counter() - t)
         except Exception as e:  # a doctor reports; the traceback is for internal errors only
             line("error", f"{type(e).__name__}: {e}", False)
         finally:
             backend.close()
         for w in released:
             line("release", str(w.message), False)
-    return report.finish()
+    return report.finish(modules=modules)

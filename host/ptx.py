@@ -119,14 +119,23 @@ class Manifest:
         return problems
 
     def kernels(self, closers: list) -> dict:
-        """Load every PTX file once (module per file) and return launch-ready kernels by key."""
+        """Load every PTX file once (module per file) and return launch-ready kernels by key,
+        each with the attributes the driver reports for its function."""
         modules: dict[Path, drv.Module] = {}
         out = {}
         for e in self.entries.values():
             if e.file not in modules:
-                modules[e.file] = drv.Module(e.read(), e.file.name)
+                modules[e.file] = drv.Module(e.read(), self.display_name(e))
                 closers.append(modules[e.file])
-            fn = modules[e.file].function(e.entry)
-            out[e.key] = drv.Kernel(fn, e.key, list(e.param_types), e.threads, e.shared,
-                                    scratch=e.scratch)
+            module = modules[e.file]
+            out[e.key] = drv.Kernel(module.function(e.entry), e.key, list(e.param_types),
+                                    e.threads, e.shared, scratch=e.scratch,
+                                    spills=module.spills(e.entry))
         return out
+
+    def display_name(self, e: Entry) -> str:
+        """`kernels_ptx/<profile>/<target>/<file>` (the path under the checkout, for messages)."""
+        try:
+            return str(e.file.relative_to(ROOT.parent))
+        except ValueError:
+            return str(e.file)

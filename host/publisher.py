@@ -50,9 +50,19 @@ class Publisher:
         self.progress.published(update_count, time.monotonic() - t)
 
     def wait(self) -> None:
+        """Join the publication in flight and re-raise its error."""
         if self.thread is not None:
             self.thread.join()
             self.thread = None
         if self.error is not None:
             e, self.error = self.error, None
             raise e
+
+    def join(self, timeout_s: float) -> bool:
+        """Join without raising (another error is in flight); False if the thread still runs."""
+        if self.thread is not None:
+            self.thread.join(timeout_s)
+            if self.thread.is_alive():
+                return False
+            self.thread = None
+        return True

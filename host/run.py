@@ -30,6 +30,7 @@ from .result_file import ResultWriter
 from .ring import DEFAULT_FENCE_TIMEOUT_S, Ring
 
 SWITCH_INTERVAL_S = 2e-4    # GIL hand-over bound while a publisher thread runs beside the loop
+PUBLISHER_JOIN_S = 60.0     # after an unexpected error: a 692 MB publication takes ~2 s on CI
 
 EXIT_COMPLETED = 0
 EXIT_DEVICE_ERROR = 1
@@ -293,6 +294,14 @@ class _Invocation:
         self.final_offset = L.record_final_offset(self.profile)
 
     def run(self) -> Summary:
+        try:
+            return self._run()
+        finally:
+            # an unexpected error must not leave a thread streaming through staging as it goes
+            if not self.publisher.join(PUBLISHER_JOIN_S):
+                self.backend.abandon("a publisher thread still streams through the staging region")
+
+    def _run(self) -> Summary:
         t_start = time.monotonic()
         summary = self.summary
         with _Signals(self.progress) as signals:
