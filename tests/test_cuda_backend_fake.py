@@ -391,8 +391,8 @@ def test_the_pyproject_floor_is_the_drivers():
     import re
     from pathlib import Path
     text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
-    floor = re.search(r'"cuda-bindings>=([\d.]+),<(\d+)"', text)
-    assert floor, "pyproject.toml must depend on cuda-bindings with a floor"
+    floor = re.search(r'"cuda-python>=([\d.]+),<(\d+)"', text)
+    assert floor, "pyproject.toml must depend on cuda-python with a floor"
     assert tuple(int(x) for x in floor.group(1).split(".")) == drv.BINDINGS_FLOOR
     assert int(floor.group(2)) == 14
 
