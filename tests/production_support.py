@@ -13,12 +13,15 @@ GPU (the pointer is base + offset) while only the pages a case touches cost memo
   3. `expect(case, pid)` yields, for one program, each output region it owns (derived from the
      kernel's program → tile mapping, written once below: `matmul_tile`, `attention_bwd_program`,
      `rmsnorm_bwd_gain_program`) with the numpy oracle's values there;
-  4. watched memory is poisoned (device buffers 0xFF, NaN / -1; staging 0xA5) except inputs, and
-     snapshotted: a whole buffer when it is ≤ 64 MiB, else each input and output region (or, for
-     the huge planes, each owned run) with GUARD_ELEMENTS either side;
+  4. watched memory is poisoned (device buffers 0xFF, NaN / -1; staging 0xA5) except the inputs,
+     whose bytes are kept: a whole buffer when it is ≤ 64 MiB (staging always), else each input
+     and output region (or, for outputs over 64 MiB — AdamW's planes, the w16 cast — each owned
+     run) with GUARD_ELEMENTS either side.  A write far outside those windows of a large buffer
+     (pmv, grad, w16, ab) is not seen; the owned region staying poison still is;
   5. `run_programs` executes only the chosen programs; then every owned element must hold the
-     oracle's value within its tolerance and be written (not poison), and every other watched
-     byte must be unchanged (no stray writes).  Failures name the element and where it is.
+     oracle's value within its tolerance and be written (not poison: an output that is also an
+     input, e.g. ACCUMULATE, is judged by its value), and every other watched byte must hold what
+     it held before (no stray writes).  Failures name the element and where it is.
 
 Adding a kernel family (a split-K matmul, AdamW fused in a dW epilogue, a split attention):
 
@@ -28,9 +31,15 @@ Adding a kernel family (a split-K matmul, AdamW fused in a dW epilogue, a split 
         def programs(self, case): return sample(case.launch.grid[0], <pids that hit edges>)
         def expect(self, case, pid): yield "c_ptr", (rows, cols), want   # ints / unit-step slices
 
-An entry that cannot run in the interpreter goes to SKIPPED with its reason.  A production
-launch whose function is in neither fails test_production_launches.py.  Program → tile mappings
-get a small-shape test there (each program run alone writes exactly what the mapping says).
+`case.input(name, shape | values=, at=)` writes at the argument's offset (+ `at` elements) and
+returns what the kernel reads (bf16-rounded for bf16 buffers), kept in `case.data`; `case.cache`
+holds oracle intermediates; `case.hint` carries programs chosen in setup when the inputs depend on
+them (cast, AdamW: only the sampled chunks of the 57.7 M-element planes are written);
+`case.watch(name, index)` poisons elements a program must skip without owning them;
+`case.run_scalars["t_base"]` gives RunScalar values.  An entry that cannot run in the interpreter
+goes to SKIPPED with its reason.  A production launch whose function is in neither fails
+test_production_launches.py.  Program → tile mappings get a small-shape test there (each program
+run alone writes exactly what the mapping says).
 """
 from __future__ import annotations
 
@@ -42,7 +51,7 @@ import mmap
 import time
 import types
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import host.backend_interpret as backend_interpret
 import numpy as np
@@ -50,6 +59,7 @@ import torch
 from kernels_support import ELEMENTWISE, ONE_BF16_ULP, SAME_OPERANDS
 from test_kernels_adamw import ADAMW_REL
 from test_kernels_attention import ATTENTION_GRAD16, ATTENTION_OUT
+from triton import cdiv
 from triton.runtime import interpreter as _interp
 
 from plan import launches as L
@@ -91,10 +101,6 @@ T_GAIN_SUM = Tol("GAIN_SUM", 1e-5)
 T_Z16 = Tol("SWIGLU_Z16", 2 * ONE_BF16_ULP)
 # delta = Σ_d dO·o per head: dO to SAME_OPERANDS, 64-term sums in another order
 T_DELTA = Tol("DELTA_SUM", 1e-5)
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def bf16_bits(x) -> np.ndarray:
@@ -145,17 +151,20 @@ def _pid3(pid) -> tuple[int, int, int]:
     return tuple(int(v) for v in t) + (0,) * (3 - len(t))
 
 
-def run_programs(fn, grid, pids, args, constexprs) -> None:
-    """Run the programs `pids` (ints or tuples) of a launch of `fn` over `grid`, in that order."""
+def run_programs(fn, grid, pids, args, constexprs, num_warps: int = 4, num_stages: int = 3) -> None:
+    """Run the programs `pids` (ints or tuples) of a launch of `fn` over `grid`, in that order.
+    num_warps / num_stages go with the launch as on the GPU; the interpreter accepts and drops them
+    (they shape the compiled code only: tests/test_ptx.py and the manifest cover that)."""
     grid = tuple(grid) + (1,) * (3 - len(grid))
     chosen = [_pid3(p) for p in pids]
     for p in chosen:
         if not all(0 <= v < g for v, g in zip(p, grid)):
             raise ValueError(f"program {p} outside grid {grid}")
     ran: list = []
+    # one BLAS thread: interpreter tiles are small (the backend's measurement); speed only
     blas = getattr(backend_interpret, "single_thread_blas", contextlib.nullcontext)
     with blas(), _chosen_programs(grid, chosen, ran):
-        fn[(len(chosen),)](*args, **constexprs)
+        fn[(len(chosen),)](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)
     if ran != chosen:
         raise RuntimeError(f"the interpreter ran programs {ran[:8]}, asked for {chosen[:8]}")
 
@@ -493,7 +502,8 @@ class Case:
         fn = getattr(importlib.import_module(self.launch.module), self.launch.function)
         args = [self.resolve(a) for _, a in self.launch.args]
         t0 = time.perf_counter()
-        run_programs(fn, self.launch.grid, self.pids, args, dict(self.launch.constexprs))
+        run_programs(fn, self.launch.grid, self.pids, args, dict(self.launch.constexprs),
+                     self.launch.num_warps, self.launch.num_stages)
         return time.perf_counter() - t0
 
     def verify(self) -> dict[str, list[str]]:
