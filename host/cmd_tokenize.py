@@ -196,9 +196,10 @@ def run(args) -> int:
     files = tk.source_files(args.sources)
     if not files:
         raise UserError(f"no files under {' '.join(args.sources)}", "name files or directories")
-    out_resolved = out.resolve()
-    if any(f.resolve() == out_resolved for f in files):
-        raise UserError(f"{out} is one of the sources", "write the cache outside the sources")
+    if out.exists():       # (a cache that does not exist yet cannot be a source)
+        out_stat = out.stat()
+        if any(os.path.samestat(out_stat, f.stat()) for f in files):
+            raise UserError(f"{out} is one of the sources", "write the cache outside the sources")
     mtime, size = tk.source_fingerprint(args.sources)      # before reading: edits make it stale
     batch_list = batches(files)
     jobs = min(jobs, len(batch_list))

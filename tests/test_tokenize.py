@@ -267,3 +267,12 @@ def test_encode_joined_is_encode_with_separators(encoder):
         got = encoder.encode_joined(batch, 7)
         assert got.dtype == np.uint32 and np.array_equal(got, want), batch
         assert np.array_equal(encoder.encode_joined(batch, None), want[want != 7])
+
+
+def test_refuses_a_source_as_cache_under_any_name(tmp_path, capsys):
+    src = make_sources(tmp_path)
+    (tmp_path / "link").symlink_to(src)
+    before = (src / "a.py").read_bytes()
+    for out in (src / "a.py", tmp_path / "link" / "a.py"):
+        refused(capsys, tokenize(src, "-o", out, "--force"), "is one of the sources")
+    assert (src / "a.py").read_bytes() == before
