@@ -16,7 +16,7 @@ import os
 import signal
 
 ORDER = 60
-# text per batch: 31 batches for the stdlib's 31.5 MB, so two workers finish within a batch of each
+# text per batch: 29 batches for the stdlib's 31.5 MB, so two workers finish within a batch of each
 # other and the progress bar moves; each worker keeps its own piece cache across its batches
 BATCH_BYTES = 1 << 20
 START_METHOD = "fork"      # where the OS has it: a worker costs ms, not a fresh interpreter's 0.15 s
@@ -100,7 +100,8 @@ def encode_batch(paths: list[str], eot: int | None) -> Batch:
                 data = f.read()
         except OSError as e:
             return Batch(np.zeros(0, "<u4"), bytes_read, latin1,
-                         (f"cannot read {path}: {e.strerror}", "check the file's permissions"))
+                         (f"cannot read {path}: {e.strerror}",
+                          "check that it still exists and is readable"))
         if b"\0" in data:     # binary: BPE over it is slow and useless
             return Batch(np.zeros(0, "<u4"), bytes_read, latin1,
                          (f"{path} contains NUL bytes: not a text file",
@@ -135,8 +136,9 @@ class _Pool:
             import multiprocessing as mp
             ctx = mp.get_context(START_METHOD if START_METHOD in mp.get_all_start_methods()
                                  else None)
-            # workers encode single-threaded; and a forked child must not use the parent's
-            # tokenizers thread pool (its threads do not survive the fork)
+            # one single-threaded worker per core; and a forked child must not use the parent's
+            # tokenizers thread pool, whose threads do not survive the fork (the library's own
+            # advice; no hang was seen without it, but nothing guarantees that)
             saved = os.environ.get("TOKENIZERS_PARALLELISM")
             os.environ["TOKENIZERS_PARALLELISM"] = "false"
             try:
@@ -167,12 +169,9 @@ def _encode_batch_star(args) -> Batch:
 
 def run(args) -> int:
     import pathlib
-    import tempfile
     import time
 
     from rich.console import Console
-    from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn,
-                               TimeRemainingColumn, TransferSpeedColumn)
 
     from plan import profiles
     from staging import tokens as tk
@@ -206,12 +205,37 @@ def run(args) -> int:
 
     show = args.progress
     console = Console(stderr=True, force_terminal=True if show else None)
-    n_tokens, latin1 = 0, 0
     t0 = time.perf_counter()
     out.parent.mkdir(parents=True, exist_ok=True)
     _encoder = tz.Encoder(tok)      # forked workers start with this copy
+    try:
+        n_tokens, latin1 = _write(out, batch_list, jobs, args.tokenizer, eot,
+                                  tk.header_bytes(mtime, size), size, console, show)
+    finally:
+        _encoder = None
+    dt = time.perf_counter() - t0
+    contexts = max(0, (n_tokens - 1) // profile.context)
+    note = f"; {latin1} file(s) not UTF-8, read as Latin-1" if latin1 else ""
+    console.print(f"{out}: {len(files)} file(s), {size:,} bytes -> {n_tokens:,} tokens "
+                  f"({size / max(n_tokens, 1):.2f} bytes/token), {contexts:,} contexts of "
+                  f"{profile.context}; {jobs} job(s), {dt:.2f} s, "
+                  f"{size / 1e6 / max(dt, 1e-9):.1f} MB/s{note}",
+                  soft_wrap=True, markup=False, highlight=False)
+    return 0
+
+
+def _write(out, batch_list, jobs, tokenizer_path, eot, header, size, console, show):
+    """Encode the batches on `jobs` processes into a temporary file renamed over `out` at the end;
+    (tokens, files read as Latin-1)."""
+    import tempfile
+
+    from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn,
+                               TimeRemainingColumn, TransferSpeedColumn)
+
+    from .errors import UserError
+    n_tokens, latin1 = 0, 0
     # the pool forks before the progress bar starts its refresh thread
-    with _Pool(jobs, args.tokenizer) as pool:
+    with _Pool(jobs, tokenizer_path) as pool:
         fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
         # SIGTERM unwinds like ^C so the temporary file is removed
         previous = signal.signal(signal.SIGTERM,
@@ -220,9 +244,9 @@ def run(args) -> int:
             with os.fdopen(fd, "wb") as f, Progress(
                     TextColumn("tokenize"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                     TimeRemainingColumn(), console=console, transient=True,
-                    disable=not (console.is_terminal if show is None else show)) as bar:
+                    disable=not console.is_terminal if show is None else not show) as bar:
                 task = bar.add_task("tokenize", total=size)
-                f.write(tk.header_bytes(mtime, size))
+                f.write(header)
                 for batch in pool.map(batch_list, eot):
                     if batch.refused:
                         raise UserError(*batch.refused)
@@ -240,15 +264,7 @@ def run(args) -> int:
         finally:
             signal.signal(signal.SIGTERM, previous)
     _fsync_directory(out.parent)
-    dt = time.perf_counter() - t0
-    contexts = max(0, (n_tokens - 1) // profile.context)
-    note = f"; {latin1} file(s) not UTF-8, read as Latin-1" if latin1 else ""
-    console.print(f"{out}: {len(files)} file(s), {size:,} bytes -> {n_tokens:,} tokens "
-                  f"({size / max(n_tokens, 1):.2f} bytes/token), {contexts:,} contexts of "
-                  f"{profile.context}; {jobs} job(s), {dt:.2f} s, "
-                  f"{size / 1e6 / max(dt, 1e-9):.1f} MB/s{note}",
-                  soft_wrap=True, markup=False, highlight=False)
-    return 0
+    return n_tokens, latin1
 
 
 def _fsync_directory(path) -> None:

@@ -276,3 +276,14 @@ def test_refuses_a_source_as_cache_under_any_name(tmp_path, capsys):
     for out in (src / "a.py", tmp_path / "link" / "a.py"):
         refused(capsys, tokenize(src, "-o", out, "--force"), "is one of the sources")
     assert (src / "a.py").read_bytes() == before
+
+
+def test_spawned_workers_load_their_own_encoder(tmp_path, monkeypatch, capsys, one_file_per_batch):
+    """Where fork is missing (macOS, Windows default to spawn), workers load the tokenizer
+    themselves: the same bytes."""
+    monkeypatch.setattr(cmd_tokenize, "START_METHOD", "spawn")
+    src = make_corpus(tmp_path, n=3)
+    assert tokenize(src, "-o", tmp_path / "s.tokens", "--jobs", 2) == 0
+    assert tokenize(src, "-o", tmp_path / "i.tokens", "--jobs", 1) == 0
+    assert "2 job(s)" in capsys.readouterr().err
+    assert (tmp_path / "s.tokens").read_bytes() == (tmp_path / "i.tokens").read_bytes()
