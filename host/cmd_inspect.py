@@ -144,11 +144,8 @@ def info_name(code: int) -> str:
     is importable, else the number."""
     if code in INFO_NAMES:
         return INFO_NAMES[code]
-    try:
-        from cuda.bindings import driver
-        return driver.CUresult(code).name
-    except Exception:
-        return f"CUresult {code}"
+    from .driver import error_name
+    return error_name(code)
 
 
 def decode_tokens(profile, ids: list[int]) -> list[str | None]:

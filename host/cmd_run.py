@@ -4,6 +4,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from staging.synthetic import DEFAULT_DIRECTORY
+
+from .ring import DEFAULT_FENCE_TIMEOUT_S
+
 ORDER = 10
 
 
@@ -14,19 +18,21 @@ def register(sub) -> None:
     p.add_argument("--tokens", type=Path, help="token cache (default: the embedded synthetic stream)")
     p.add_argument("--checkpoint", type=Path,
                    help="checkpoint path: zero bytes = fresh start, a checkpoint = continue "
-                   "(default: coppelius-run/<profile>.ckpt)")
+                   f"(default: {DEFAULT_DIRECTORY}/<profile>.ckpt)")
     p.add_argument("--result", type=Path,
-                   help="result file to create (default: coppelius-run/<profile>-result-c<c0>.bin)")
+                   help="result file to create "
+                   f"(default: {DEFAULT_DIRECTORY}/<profile>-result-c<c0>.bin)")
     p.add_argument("--profile", default="coppelius", help="coppelius (default) or tiny")
     p.add_argument("--backend", default="cuda", choices=["cuda", "interpret"],
                    help="cuda (default; the GPU) or interpret (Triton's interpreter on the CPU)")
     p.add_argument("--source", type=Path, help="the token cache's source; its mtime and size must "
                    "match the cache header")
     p.add_argument("--overwrite", action="store_true", help="replace an existing result file")
-    p.add_argument("--fence-timeout", type=float, default=120.0, metavar="S",
-                   help="seconds to wait for a submission's fence (default 120)")
-    p.add_argument("--directory", type=Path, default=Path("coppelius-run"),
-                   help="where the embedded default's files live (default ./coppelius-run)")
+    p.add_argument("--fence-timeout", type=float, default=DEFAULT_FENCE_TIMEOUT_S, metavar="S",
+                   help="seconds to wait for a submission's fence "
+                   f"(default {DEFAULT_FENCE_TIMEOUT_S:g})")
+    p.add_argument("--directory", type=Path, default=Path(DEFAULT_DIRECTORY),
+                   help=f"where the embedded default's files live (default ./{DEFAULT_DIRECTORY})")
     p.add_argument("--steps", type=int, help="stop after N steps (tests and benchmarks; default: "
                    "the profile's, 10,000 for coppelius)")
     p.add_argument("--quiet", action="store_true", help="no live progress")

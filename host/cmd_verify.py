@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from staging.synthetic import DEFAULT_DIRECTORY
+
 ORDER = 40
 
 # Per-step tolerances between a backend's losses and the reference (fp32 accumulation order and the
@@ -25,8 +27,8 @@ def register(sub) -> None:
                    "run continued, c0 > 0; must match the payload digest in the stat record)")
     p.add_argument("--mean-atol", type=float, default=MEAN_ATOL)
     p.add_argument("--row-atol", type=float, default=ROW_ATOL)
-    p.add_argument("--directory", type=Path, default=Path("coppelius-run"),
-                   help="where the embedded stream is cached (default ./coppelius-run)")
+    p.add_argument("--directory", type=Path, default=Path(DEFAULT_DIRECTORY),
+                   help=f"where the embedded stream is cached (default ./{DEFAULT_DIRECTORY})")
     p.set_defaults(func=run)
 
 

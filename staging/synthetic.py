@@ -49,7 +49,7 @@ SUCCESSOR_PROBABILITIES = (0.5, 0.25, 0.125, 0.125)   # p: decoded from 3 raw bi
 _SUCCESSOR_OF_3_BITS = np.array([0, 0, 0, 0, 1, 1, 2, 3], np.int64)
 STREAM_HEADER = bytes(16)              # SPEC §5: mtime 0 and size 0 mark a generated stream
 STREAM_SUFFIX = "-stream.tokens"
-DEFAULT_DIRECTORY = "coppelius-run"
+DEFAULT_DIRECTORY = "coppelius-run"    # where `coppelius run` with no arguments keeps its files
 _CHUNK_CONTEXTS = 1000                 # bounds peak memory (~50 MB of int64 per chunk)
 _KEY_DOMAIN = 0x5354524541          # "STREA": separates this key from the initialization's
 

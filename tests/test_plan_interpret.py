@@ -13,6 +13,7 @@ import sys
 
 import numpy as np
 import pytest
+from backend_support import download_payload
 from kernels_support import assert_close
 
 from host.backend_interpret import InterpretBackend
@@ -35,23 +36,6 @@ def _tokens():
     return ids
 
 
-def _upload(be, payload: np.ndarray):
-    raw = payload.view(np.uint8)
-    for off in range(0, raw.size, SL.TRANSFER_WINDOW_BYTES):
-        n = min(SL.TRANSFER_WINDOW_BYTES, raw.size - off)
-        be.staging.transfer[:n] = raw[off:off + n]
-        be.upload_chunk(off, n)
-
-
-def _download(be) -> np.ndarray:
-    out = np.empty(PROFILE.payload_bytes, np.uint8)
-    for off in range(0, out.size, SL.TRANSFER_WINDOW_BYTES):
-        n = min(SL.TRANSFER_WINDOW_BYTES, out.size - off)
-        be.download_chunk(off, n)
-        out[off:off + n] = be.staging.transfer[:n]
-    return out.view(np.float32)
-
-
 def _issue(be, submission, seq):
     be.staging.doorbell[0] = seq
     be.issue(submission)
@@ -67,7 +51,7 @@ def run():
     be = InterpretBackend(PROFILE)
     be.staging.inputs[:] = ids[:-1]
     be.staging.targets[:] = ids[1:]
-    _upload(be, np.concatenate([P, np.zeros(2 * n, np.float32)]))
+    be.upload_payload(np.concatenate([P, np.zeros(2 * n, np.float32)]).view(np.uint8))
     be.instantiate(T_BASE)
     be.staging.write_marker(SL.record_forward_offset(PROFILE))
     be.staging.write_marker(SL.record_final_offset(PROFILE))
@@ -79,7 +63,7 @@ def run():
     out["loss_record"] = be.staging.loss_record.copy()
     out["loss_block"] = be.staging.loss_block.copy()
     out["dgain"] = be.buffers["dgain"].numpy().copy()
-    out["pmv"] = _download(be)
+    out["pmv"] = download_payload(be).view(np.float32)
     out["final_slot"] = _issue(be, SL.SUBMISSION_FINAL, 3).copy()
     out["record_final"] = be.staging.record_final.copy()
     out["pred_final"] = be.staging.predictions.copy()
@@ -175,12 +159,12 @@ def test_update_is_bitwise_repeatable(run):
     be.staging.inputs[:] = ids[:-1]
     be.staging.targets[:] = ids[1:]
     n = PROFILE.parameter_count
-    _upload(be, np.concatenate([run["P"], np.zeros(2 * n, np.float32)]))
+    be.upload_payload(np.concatenate([run["P"], np.zeros(2 * n, np.float32)]).view(np.uint8))
     be.instantiate(T_BASE)
     _issue(be, SL.SUBMISSION_FORWARD, 1)
     _issue(be, SL.SUBMISSION_UPDATE, 2)
     assert np.array_equal(be.staging.loss_record.view(np.uint32), run["loss_record"].view(np.uint32))
-    assert np.array_equal(_download(be).view(np.uint32), run["pmv"].view(np.uint32))
+    assert np.array_equal(download_payload(be).view(np.uint32), run["pmv"].view(np.uint32))
 
 
 def test_launch_lists_are_data_without_triton():

@@ -10,10 +10,11 @@ and the reference have none either).  Same sources → same bytes: the PTX carri
 or debug info, and each worker compiles into a fresh Triton cache.
 
 manifest.json: {"profile", "target", "triton", "ptx_isa", "fp_fusion", "kernels": {entry: {
-"file", "entry" (the PTX .entry symbol), "module", "function", "params": [{"name", "type",
-"hidden"}], "threads", "shared" (dynamic shared memory bytes), "num_warps", "num_stages",
-"global_scratch": {"size", "align"}, "profile_scratch": {"size", "align"}, "constexprs",
-"divisible_by_16": [parameter names]}}}.  Triton appends two hidden pointer parameters
+"file", "sha256" (of the PTX file's bytes, checked by host/ptx.py at load), "entry" (the PTX
+.entry symbol), "module", "function", "params": [{"name", "type", "hidden"}], "threads",
+"shared" (dynamic shared memory bytes), "num_warps", "num_stages", "global_scratch": {"size",
+"align"}, "profile_scratch": {"size", "align"}, "constexprs", "divisible_by_16": [parameter
+names]}}}.  Triton appends two hidden pointer parameters
 (global and profile scratch) to every kernel: they are listed with "hidden": true and are passed
 as null when their size is 0.
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import hashlib
 import json
 import os
 import re
@@ -140,6 +142,13 @@ def hand_record(launch) -> dict:
             "constexprs": {}, "divisible_by_16": []}
 
 
+def write_ptx(path: Path, text: str) -> str:
+    """Write one PTX file; returns the sha256 of its bytes (the manifest's digest)."""
+    data = text.encode("ascii")
+    path.write_bytes(data)
+    return hashlib.sha256(data).hexdigest()
+
+
 def build(out: Path, profile_names, target_names, jobs: int) -> list[Path]:
     work = []
     for pname in profile_names:
@@ -167,13 +176,13 @@ def build(out: Path, profile_names, target_names, jobs: int) -> list[Path]:
             for launch in launches.kernels(profiles.get(pname)).values():
                 if launch.function in launches.HAND_WRITTEN:
                     record = hand_record(launch)
-                    (d / record["file"]).write_text(hand_ptx(launch.function, target), encoding="ascii")
+                    record["sha256"] = write_ptx(d / record["file"], hand_ptx(launch.function, target))
                     written.append(d / record["file"])
                     manifest["kernels"][launch.kernel] = record
             for (p, t, entry), (ptx, record) in sorted(results.items()):
                 if (p, t) != (pname, target):
                     continue
-                (d / record["file"]).write_text(ptx, encoding="ascii")
+                record["sha256"] = write_ptx(d / record["file"], ptx)
                 written.append(d / record["file"])
                 manifest["kernels"][entry] = record
             manifest["kernels"] = dict(sorted(manifest["kernels"].items()))
