@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from plan.tuning import tuning
+from plan.tuning import ssq_parts, tuning
 from staging import layout as SL
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "i32": 4, "u32": 4}
@@ -70,6 +70,8 @@ def buffers(profile) -> dict[str, BufferSpec]:
         BufferSpec("emb", "fp32", (T, D), "gathered embedding rows E[inputs]"),
         BufferSpec("resid", "fp32", (S, T, D), "residual stream entering each norm site"),
         BufferSpec("rstd", "fp32", (S + 1, T), "1/rms per row: embed norm, then each norm site"),
+        BufferSpec("ssq", "fp32", (S, ssq_parts(tu, T, D), T), "per-row partial sums of squares "
+                   "of each norm site's residual, one per column tile of its producer"),
         BufferSpec("h16", "bf16", (S, T, D), "bf16 norm outputs (hf with g_final at the last)"),
         BufferSpec("rope", "fp32", (T, profile.head_dim), "rotary table [cos | sin] per row (embed_fwd)"),
         BufferSpec("qkv16", "bf16", (L, T, W), "q'|k'|v after rotary, per layer (matmul_rotary)"),

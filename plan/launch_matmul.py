@@ -9,7 +9,7 @@ from plan.kernels import meta
 from plan.launch_builders import learner_constexprs
 from plan.launch_refs import Context
 from plan.launch_types import BufferRef, Launch, RunScalar, cdiv, i32, next_pow2, triton_launch
-from plan.tuning import GROUP_M, choose_tile
+from plan.tuning import GROUP_M, choose_tile, ssq_parts
 
 MODULE = "plan.kernels.matmul"
 # tiles of at most this many elements get 4 warps and one more pipeline stage
@@ -53,6 +53,18 @@ def matmul(ctx: Context, *, a: BufferRef, b: BufferRef, c: BufferRef, aux: Buffe
                    "SPLIT_K": 1},
                   M, N, K, label,
                   tiles=ctx.tu.swiglu_bwd_tiles if epilogue == meta.EPI_SWIGLU_BWD else None)
+
+
+def matmul_residual(ctx: Context, *, a: BufferRef, b: BufferRef, x: BufferRef, out: BufferRef,
+                    ssq: BufferRef, M: int, N: int, K: int, label: str) -> Launch:
+    """out (M, N) = x + bf(A) @ bf(B)ᵀ (out_proj, mlp down: the residual stream) and its per-row
+    partial sums of squares ssq (parts, M), one per column tile, for the next norm prologue."""
+    launch = _tiled(ctx, "matmul_residual", {"a_ptr": a, "b_ptr": b, "x_ptr": x, "out_ptr": out,
+                                             "ssq_ptr": ssq}, {}, M, N, K, label)
+    parts = cdiv(N, dict(launch.constexprs)["BLOCK_N"])
+    if (M, N) != (ctx.T, ctx.D) or parts != ssq_parts(ctx.tu, ctx.T, ctx.D):
+        raise ValueError(f"{label}: a residual product is T × D with ssq_parts column tiles")
+    return launch
 
 
 def matmul_into_norm(ctx: Context, *, a: BufferRef, b: BufferRef, dn: BufferRef, M: int, N: int,
@@ -122,14 +134,19 @@ def weight_grad(ctx: Context, *, products, dy, x, rstd, g, dx, dx16, dg, has_gai
                          num_warps=num_warps, num_stages=num_stages, label=label)
 
 
-def matmul_rotary(ctx: Context, *, x, w, qkv, h16, rstd, label: str) -> Launch:
-    """qkv16 = bf(rotary(bf(rmsnorm(x)) @ bf(Wq|Wk|Wv)ᵀ)): the norm in the prologue (h16, rstd
-    stored), rotary in the epilogue; column tiles hold whole heads."""
+def _parts(ctx: Context) -> dict:
+    return {"SSQ_PARTS": ssq_parts(ctx.tu, ctx.T, ctx.D)}
+
+
+def matmul_rotary(ctx: Context, *, x, ssq, w, qkv, h16, rstd, label: str) -> Launch:
+    """qkv16 = bf(rotary(bf(rmsnorm(x)) @ bf(Wq|Wk|Wv)ᵀ)): the norm in the prologue (r from the
+    producer's partial sums of squares ssq; h16, rstd stored), rotary in the epilogue; column
+    tiles hold whole heads."""
     p = ctx.p
     return _tiled(ctx, "matmul_rotary",
-                  {"x_ptr": x, "w_ptr": w, "qkv_ptr": qkv, "rope_ptr": ctx.buf("rope"),
-                   "h16_ptr": h16, "rstd_ptr": rstd},
-                  {"ROTATED": p.heads + p.kv_heads, "HEAD_DIM": p.head_dim},
+                  {"x_ptr": x, "ssq_ptr": ssq, "w_ptr": w, "qkv_ptr": qkv,
+                   "rope_ptr": ctx.buf("rope"), "h16_ptr": h16, "rstd_ptr": rstd},
+                  _parts(ctx) | {"ROTATED": p.heads + p.kv_heads, "HEAD_DIM": p.head_dim},
                   ctx.T, ctx.W, ctx.D, label, heads=p.head_dim)
 
 
@@ -142,16 +159,17 @@ def matmul_delta(ctx: Context, *, dres16, wo, do, o32, delta, label: str) -> Lau
                   {"HEAD_DIM": p.head_dim}, ctx.T, p.q_width, ctx.D, label, heads=p.head_dim)
 
 
-def matmul_swiglu(ctx: Context, *, x, wg, wu, ab, z, h16, rstd, label: str) -> Launch:
-    """rmsnorm(x) in the prologue (h16, rstd stored), gate and up products, SwiGLU."""
+def matmul_swiglu(ctx: Context, *, x, ssq, wg, wu, ab, z, h16, rstd, label: str) -> Launch:
+    """rmsnorm(x) in the prologue (r from ssq; h16, rstd stored), gate and up products, SwiGLU."""
     return _tiled(ctx, "matmul_swiglu",
-                  {"x_ptr": x, "wg_ptr": wg, "wu_ptr": wu, "ab_ptr": ab, "z_ptr": z,
-                   "h16_ptr": h16, "rstd_ptr": rstd}, {}, ctx.T, ctx.F, ctx.D, label,
+                  {"x_ptr": x, "ssq_ptr": ssq, "wg_ptr": wg, "wu_ptr": wu, "ab_ptr": ab, "z_ptr": z,
+                   "h16_ptr": h16, "rstd_ptr": rstd}, _parts(ctx), ctx.T, ctx.F, ctx.D, label,
                   shape=(ctx.tu.mm_warps, ctx.tu.mm_stages))   # the tuning's shape whatever the tile
 
 
-def matmul_norm(ctx: Context, *, x, g, w, c, h16, rstd, label: str) -> Launch:
-    """logits = bf(rmsnorm(x)·g) @ bf(Whead)ᵀ (fp32), the norm in the prologue (h16, rstd stored)."""
+def matmul_norm(ctx: Context, *, x, ssq, g, w, c, h16, rstd, label: str) -> Launch:
+    """logits = bf(rmsnorm(x)·g) @ bf(Whead)ᵀ (fp32), the norm in the prologue (r from ssq;
+    h16, rstd stored)."""
     return _tiled(ctx, "matmul_norm",
-                  {"x_ptr": x, "g_ptr": g, "w_ptr": w, "c_ptr": c, "h16_ptr": h16, "rstd_ptr": rstd},
-                  {}, ctx.T, ctx.V, ctx.D, label)
+                  {"x_ptr": x, "ssq_ptr": ssq, "g_ptr": g, "w_ptr": w, "c_ptr": c, "h16_ptr": h16,
+                   "rstd_ptr": rstd}, _parts(ctx), ctx.T, ctx.V, ctx.D, label)

@@ -24,7 +24,7 @@ from plan.launch_types import (HAND_WRITTEN, INT_DIVISOR, POINTER_ALIGN, RELEASE
 from plan.tuning import H200, INTERPRETER, TUNING, Tuning, tuning
 from staging import layout as SL
 
-EPI_F32, EPI_RESIDUAL, EPI_SWIGLU_BWD = meta.EPI_F32, meta.EPI_RESIDUAL, meta.EPI_SWIGLU_BWD
+EPI_SWIGLU_BWD = meta.EPI_SWIGLU_BWD
 
 
 # ---------------------------------------------------------------- forward
@@ -32,16 +32,17 @@ EPI_F32, EPI_RESIDUAL, EPI_SWIGLU_BWD = meta.EPI_F32, meta.EPI_RESIDUAL, meta.EP
 def _layer_forward(ctx: Context, ly: LayerRefs) -> list[Launch]:
     T, D, F, Hd = ctx.T, ctx.D, ctx.F, ctx.p.q_width
     return [
-        MM.matmul_rotary(ctx, x=ly.resid_attn, w=ly.wqkv, qkv=ly.qkv16, h16=ly.h16_attn,
-                         rstd=ly.rstd_attn, label=ly.label("norm+qkv+rotary")),
+        MM.matmul_rotary(ctx, x=ly.resid_attn, ssq=ly.ssq_attn, w=ly.wqkv, qkv=ly.qkv16,
+                         h16=ly.h16_attn, rstd=ly.rstd_attn, label=ly.label("norm+qkv+rotary")),
         B.attention_fwd(ctx, qkv=ly.qkv16, o16=ly.o16, o32=ly.o32, lse=ly.lse,
                         label=ly.label("attention")),
-        MM.matmul(ctx, a=ly.o16, b=ly.wo, c=ly.resid_mlp, aux=ly.resid_attn, M=T, N=D, K=Hd,
-                  b_transposed=True, epilogue=EPI_RESIDUAL, label=ly.label("out_proj")),
-        MM.matmul_swiglu(ctx, x=ly.resid_mlp, wg=ly.wgate_up, wu=ly.wup, ab=ly.ab, z=ly.z16,
-                         h16=ly.h16_mlp, rstd=ly.rstd_mlp, label=ly.label("mlp.norm+swiglu")),
-        MM.matmul(ctx, a=ly.z16, b=ly.wdown, c=ly.resid_out, aux=ly.resid_mlp, M=T, N=D, K=F,
-                  b_transposed=True, epilogue=EPI_RESIDUAL, label=ly.label("mlp.down")),
+        MM.matmul_residual(ctx, a=ly.o16, b=ly.wo, x=ly.resid_attn, out=ly.resid_mlp,
+                           ssq=ly.ssq_mlp, M=T, N=D, K=Hd, label=ly.label("out_proj")),
+        MM.matmul_swiglu(ctx, x=ly.resid_mlp, ssq=ly.ssq_mlp, wg=ly.wgate_up, wu=ly.wup, ab=ly.ab,
+                         z=ly.z16, h16=ly.h16_mlp, rstd=ly.rstd_mlp,
+                         label=ly.label("mlp.norm+swiglu")),
+        MM.matmul_residual(ctx, a=ly.z16, b=ly.wdown, x=ly.resid_mlp, out=ly.resid_out,
+                           ssq=ly.ssq_out, M=T, N=D, K=F, label=ly.label("mlp.down")),
     ]
 
 
@@ -50,12 +51,13 @@ def forward(ctx: Context) -> list[Launch]:
     last = norm_points(ctx.p) - 1
     out = [B.embed_fwd(ctx, ids=ctx.inputs(), table=ctx.param("embed"),
                        g=ctx.param("g_embed"), emb=ctx.buf("emb"), rstd=ctx.rstd(None),
-                       x=ctx.slab("resid", 0), rope=ctx.buf("rope"), next_row=ctx.buf("next_row"),
+                       x=ctx.slab("resid", 0), ssq=ctx.ssq(0), rope=ctx.buf("rope"),
+                       next_row=ctx.buf("next_row"),
                        label="embed")]
     for layer in range(ctx.p.layers):
         out += _layer_forward(ctx, layer_refs(ctx, layer))
-    out.append(MM.matmul_norm(ctx, x=ctx.slab("resid", last), g=ctx.param("g_final"),
-                              w=ctx.param("head", "w16"), c=ctx.buf("logits"),
+    out.append(MM.matmul_norm(ctx, x=ctx.slab("resid", last), ssq=ctx.ssq(last),
+                              g=ctx.param("g_final"), w=ctx.param("head", "w16"), c=ctx.buf("logits"),
                               h16=ctx.slab("h16", last), rstd=ctx.rstd(last), label="final_norm+head"))
     return out
 

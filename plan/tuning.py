@@ -74,6 +74,13 @@ def tuning(profile) -> Tuning:
     return TUNING.get(profile.name, H200)
 
 
+def ssq_parts(tu: Tuning, T: int, D: int) -> int:
+    """Partial sums of squares per residual row: one per column tile of the T × D residual
+    products (out_proj, mlp down, plan/launch_matmul.matmul_residual), as their tile rule
+    chooses it; embed_fwd writes as many."""
+    return cdiv(D, choose_tile(tu, T, D)[1])
+
+
 def choose_tile(tu: Tuning, M: int, N: int, tiles=None, heads: int = 1) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, programs): the first candidate with enough programs; `heads` > 1
     keeps only tiles whose columns hold whole heads (fused per-head epilogues)."""

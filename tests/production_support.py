@@ -684,6 +684,15 @@ def _tile(case, pid):
     return pn, _block(pm, bm, M), _block(pn, bn, N)
 
 
+def _ssq_input(case, x: np.ndarray) -> None:
+    """The producer's per-row partial sums of squares of the residual x (M, K) the norm prologue
+    reads: SSQ_PARTS column chunks (as matmul_residual's column tiles write them)."""
+    parts = case.const("SSQ_PARTS")
+    bounds = np.linspace(0, x.shape[1], parts + 1).astype(int)
+    case.input("ssq_ptr", values=np.stack([(x[:, a:b] * x[:, a:b]).sum(1, dtype=np.float32)
+                                           for a, b in zip(bounds[:-1], bounds[1:])]))
+
+
 def _prologue_expect(case, pn, rows, y16, r):
     """The norm prologue's h16 and rstd: stored by the first column tile only."""
     if pn == 0:
@@ -749,6 +758,30 @@ class _Matmul:
             raise AssertionError(f"{case.launch.kernel}: no oracle for EPILOGUE={epi}")
 
 
+@oracle("matmul_residual")
+class _MatmulResidual:
+    """out = x + bf(A) @ bf(B)ᵀ (the reference out_proj / mlp's residual add) and each column
+    tile's per-row Σ out² (of the oracle's out: ELEMENTWISE)."""
+
+    def setup(self, case):
+        M, N, K, *_ = _matmul_dims(case)
+        case.input("a_ptr", (M, K))
+        case.input("b_ptr", (N, K), scale=0.1)
+        case.input("x_ptr", (M, N))
+        case.output("out_ptr", (M, N), T_SAME)
+        case.output("ssq_ptr", (cdiv(N, case.const("BLOCK_N")), M), T_ELEM)
+
+    def programs(self, case):
+        return _matmul_programs(case)
+
+    def expect(self, case, pid):
+        pn, rows, cols = _tile(case, pid)
+        d = case.data
+        out = d["x_ptr"][rows, cols] + ref.bf16(d["a_ptr"][rows]) @ ref.bf16(d["b_ptr"][cols]).T
+        yield "out_ptr", (rows, cols), out
+        yield "ssq_ptr", (pn, rows), (out * out).sum(1, dtype=np.float32)
+
+
 @oracle("matmul_rotary")
 class _MatmulRotary:
     """qkv16 = bf(rotary(bf(rmsnorm(x)) @ bf(W)ᵀ)): reference qkv then rotary on q and k heads."""
@@ -756,7 +789,7 @@ class _MatmulRotary:
     def setup(self, case):
         M, N, K, *_ = _matmul_dims(case)
         d = case.const("HEAD_DIM")
-        case.input("x_ptr", (M, K), scale=2.0)
+        _ssq_input(case, case.input("x_ptr", (M, K), scale=2.0))
         case.input("w_ptr", (N, K))
         cos, sin = ref.rotary_tables(types.SimpleNamespace(context=M, head_dim=d))
         case.input("rope_ptr", values=np.concatenate([cos, sin], axis=1))
@@ -788,7 +821,7 @@ class _MatmulSwiglu:
 
     def setup(self, case):
         M, N, K, *_ = _matmul_dims(case)
-        case.input("x_ptr", (M, K), scale=2.0)
+        _ssq_input(case, case.input("x_ptr", (M, K), scale=2.0))
         case.input("wg_ptr", (N, K), scale=0.1)
         case.input("wu_ptr", (N, K), scale=0.1)
         case.output("ab_ptr", (M, 2 * N), T_ULP)
@@ -817,7 +850,7 @@ class _MatmulNorm:
 
     def setup(self, case):
         M, N, K, *_ = _matmul_dims(case)
-        case.input("x_ptr", (M, K), scale=3.0)
+        _ssq_input(case, case.input("x_ptr", (M, K), scale=3.0))
         case.input("g_ptr", values=1 + 0.1 * case.rng.standard_normal(K, dtype=np.float32))
         case.input("w_ptr", (N, K))
         case.output("c_ptr", (M, N), T_ULP)
@@ -1083,7 +1116,8 @@ class _EmbedFwd:
             types.SimpleNamespace(context=T, head_dim=d)), axis=1)
         for name, shape, tol in (("emb_ptr", (T, D), EXACT), ("rstd_ptr", (T,), T_ELEM),
                                  ("x_ptr", (T, D), T_ELEM), ("rope_ptr", (T, d), T_ELEM),
-                                 ("next_ptr", (T,), EXACT)):
+                                 ("next_ptr", (T,), EXACT),
+                                 ("ssq_ptr", (case.const("SSQ_PARTS"), T), T_ELEM)):
             case.output(name, shape, tol)
 
     def programs(self, case):
@@ -1097,6 +1131,10 @@ class _EmbedFwd:
         yield "x_ptr", (rows,), e.x
         yield "rope_ptr", (rows,), case.cache["rope"][rows]
         yield "next_ptr", (rows,), case.cache["next"][rows]
+        parts, width = case.const("SSQ_PARTS"), case.const("BLOCK_D") // case.const("SSQ_PARTS")
+        x2 = np.zeros((e.x.shape[0], parts * width), np.float32)
+        x2[:, :e.x.shape[1]] = e.x * e.x
+        yield "ssq_ptr", (slice(0, parts), rows), x2.reshape(-1, parts, width).sum(-1).T
 
 
 class _Learner:

@@ -92,8 +92,8 @@ def _links(s: Rows, ids: np.ndarray) -> torch.Tensor:
     nxt = poisoned((s.T,), torch.int32)
     embed_fwd[s.grid](_t(ids.view(np.int32)), _t(np.ones((s.V, s.D), np.float32)),
                       _t(np.ones(s.D, np.float32)), poisoned((s.T, s.D)), poisoned((s.T,)),
-                      poisoned((s.T, s.D)), poisoned((s.T, HEAD_DIM)), nxt, s.T,
-                      HEAD_DIM=HEAD_DIM, BLOCK_T=s.block_t, **s.norm)
+                      poisoned((s.T, s.D)), poisoned((1, s.T)), poisoned((s.T, HEAD_DIM)), nxt, s.T,
+                      HEAD_DIM=HEAD_DIM, SSQ_PARTS=1, BLOCK_T=s.block_t, **s.norm)
     assert_written("next", nxt)
     return nxt
 
@@ -111,10 +111,18 @@ def test_embed_fwd_is_the_embed_stage_and_writes_the_rotary_table_and_links(shap
     ids[[r for r in (3, 40) if r < T]] = ids[T - 1]             # a chain ending at the last row
     rope = poisoned((T + 3, d))                                  # rows past T stay unwritten
     nxt = poisoned((T + 3,), torch.int32)
-    embed_fwd[s.grid](_t(ids.view(np.int32)), _t(E), _t(g), emb, rstd, x, rope, nxt, T, HEAD_DIM=d,
-                      BLOCK_T=s.block_t, **s.norm)
-    for name, t in (("emb", emb), ("rstd", rstd), ("x", x), ("rope", rope[:T]), ("next", nxt[:T])):
+    parts = 4                                                    # BLOCK_D / 4 columns each
+    ssq = poisoned((parts * T + 5,))                             # (parts, T), then spare words
+    embed_fwd[s.grid](_t(ids.view(np.int32)), _t(E), _t(g), emb, rstd, x, ssq, rope, nxt, T,
+                      HEAD_DIM=d, SSQ_PARTS=parts, BLOCK_T=s.block_t, **s.norm)
+    for name, t in (("emb", emb), ("rstd", rstd), ("x", x), ("rope", rope[:T]), ("next", nxt[:T]),
+                    ("ssq", ssq[:parts * T])):
         assert_written(name, t)
+    assert_unwritten("embed_fwd's ssq past (parts, T)", ssq[parts * T:])
+    width, got_x = next_pow2(D) // parts, f32(x)                 # the sums are of what it stored
+    for c in range(parts):
+        cols = got_x[:, c * width:(c + 1) * width]
+        assert_close(f"ssq part {c}", f32(ssq[c * T:(c + 1) * T]), (cols * cols).sum(1), ELEMENTWISE)
     assert_unwritten("embed_fwd's rope rows past T", rope[T:])
     assert_unwritten("embed_fwd's links past T", nxt[T:])
     assert_bitwise("next-row links", nxt[:T].numpy(), _next_rows(ids))

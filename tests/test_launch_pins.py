@@ -16,8 +16,8 @@ from plan import launches, profiles
 
 # profile: (sha256 of the launch lists, launches per submission, distinct compiled entries)
 PINS = {
-    "coppelius": ("0f07f3cf53b6e9541887b62524afc0c7e96eef6474cd23e0e7b72a1e64d71d1d", (54, 117, 53), 20),
-    "tiny": ("e9ded8a03e216cf4433d407377bd2d9ddc2cd5b705d70bd869561fa24c0877cf", (19, 33, 18), 20),
+    "coppelius": ("bb7c12b0f217f10036eb8ce66f1405b13466d186570818c231168f07e006c38c", (54, 117, 53), 20),
+    "tiny": ("e4923a23bd8b37a9a6c141d4eb751ac3944a962d93f750a1db44312c1a862d5f", (19, 33, 18), 20),
 }
 
 

@@ -87,11 +87,11 @@ def test_a_pointer_without_its_offset_fails(monkeypatch):
     instead, the kernel overwrites slab 0 (its own residual input: a stray write) and the owned
     tiles of slab 1 stay poison."""
     launch = next(l for l in KERNELS.values() if l.label == "layers.0.out_proj")
-    assert launch.arg("c_ptr").offset == PROFILE.context * PROFILE.width
+    assert launch.arg("out_ptr").offset == PROFILE.context * PROFILE.width
     resolve = ps.Case.resolve
 
     def base_only(case, arg):
-        if arg is launch.arg("c_ptr"):
+        if arg is launch.arg("out_ptr"):
             arg = launches.BufferRef(arg.buffer, 0, arg.dtype)
         return resolve(case, arg)
 
@@ -99,7 +99,7 @@ def test_a_pointer_without_its_offset_fails(monkeypatch):
     with pytest.raises(AssertionError) as err:
         ps.check_launch(launch, SPECS, PROFILE)
     assert "stray write" in str(err.value) and "resid element 0 (0, 0, 0)" in str(err.value)
-    assert "c_ptr (program 0): 64+ owned elements never written" in str(err.value)
+    assert "out_ptr (program 0): 64+ owned elements never written" in str(err.value)
 
 
 def test_a_stray_write_and_an_unwritten_tile_fail():

@@ -163,23 +163,37 @@ def _matmul(v: View) -> Work:
 
 
 def _norm_prologue(v: View, products: int, gain: bool, epilogue: Step, out_unique: float) -> Work:
-    """matmul_rotary / _swiglu / _norm: each program sums its rows' squares over K (one pass of
-    fp32 loads), then reloads the fp32 rows, scales and rounds them as the A operand (fp32 A read
-    twice per column tile); programs of column tile 0 store h16 and rstd."""
+    """matmul_rotary / _swiglu / _norm: each program forms its rows' r from the producer's
+    SSQ_PARTS partial sums of squares (a dependent load of BM × parts words before the K loop),
+    then loads the fp32 rows, scales and rounds them as the A operand (fp32 A read once per
+    column tile); programs of column tile 0 store h16 and rstd."""
     M, N, K = v.scalar("M"), v.scalar("N"), v.scalar("K")
     BM, BN, BK = v.c["BLOCK_M"], v.c["BLOCK_N"], v.c["BLOCK_K"]
+    parts = v.c["SSQ_PARTS"]
     x, w = v.elem("x_ptr"), v.elem("w_ptr" if "w_ptr" in v.args else "wg_ptr")
     tiles = _tiles(v, M, N, BM, BN)
     main = _mm_step(v, BM, BN, BK, x, w, products, alu=(3 if gain else 2) * BM * BK)
-    step = dataclasses.replace(main, load_bytes=BM * BK * x + main.load_bytes + (BK * 4 if gain else 0),
-                               alu_ops=2 * BM * BK + main.alu_ops)                  # rstd pass + main
-    fixed = Step(load_bytes=epilogue.load_bytes, store_bytes=epilogue.store_bytes,
-                 mufu_ops=epilogue.mufu_ops + BM, alu_ops=epilogue.alu_ops + 20 * BM,
-                 phases=1, hbm_trips=1)                                             # + rstd of BM rows
+    step = dataclasses.replace(main, load_bytes=main.load_bytes + (BK * 4 if gain else 0))
+    fixed = Step(load_bytes=epilogue.load_bytes + parts * BM * 4, store_bytes=epilogue.store_bytes,
+                 mufu_ops=epilogue.mufu_ops + BM, alu_ops=epilogue.alu_ops + (20 + parts) * BM,
+                 phases=1, hbm_trips=1, l2_trips=1)                # + rstd of BM rows from ssq
     h16_rstd = M * K * 2 + M * 4
     return Work((uniform(tiles, cdiv(K, BK), step, fixed),),
                 hbm_bytes=M * K * x + products * N * K * w + (K * 4 if gain else 0) + h16_rstd
-                + out_unique, extra_l2_bytes=h16_rstd)
+                + parts * M * 4 + out_unique, extra_l2_bytes=h16_rstd)
+
+
+@family("matmul_residual")
+def _matmul_residual(v: View) -> Work:
+    M, N, K = v.scalar("M"), v.scalar("N"), v.scalar("K")
+    BM, BN, BK = v.c["BLOCK_M"], v.c["BLOCK_N"], v.c["BLOCK_K"]
+    tiles = _tiles(v, M, N, BM, BN)
+    e = BM * BN
+    # epilogue: the residual tile in, x + acc out, and its per-row Σ x² (a row reduction) out
+    fixed = Step(load_bytes=4 * e, store_bytes=4 * e + 4 * BM, alu_ops=4 * e, phases=1, hbm_trips=1)
+    return Work((uniform(tiles, cdiv(K, BK), _mm_step(v, BM, BN, BK, v.elem("a_ptr"),
+                                                      v.elem("b_ptr")), fixed),),
+                hbm_bytes=M * K * 2 + K * N * 2 + 2 * M * N * 4 + cdiv(N, BN) * M * 4)
 
 
 @family("matmul_rotary")
@@ -392,15 +406,17 @@ def _embed_fwd(v: View) -> Work:
     # (sin/cos ≈ 40 dependent ops)
     per = 2 * R * 4 + T * 4
     staged = "ids_ptr" in v.staging_args()
+    parts = v.c["SSQ_PARTS"]
     step = Step(load_bytes=R * D * 4 + D * 4 + (0 if staged else per),
-                store_bytes=2 * R * D * 4 + R * 4 + R * d * 4 + R * 4,
-                mufu_ops=R, alu_ops=6 * R * D + 3 * R * T + 80 * R * d, phases=2, serial_ops=80,
+                store_bytes=2 * R * D * 4 + R * 4 + R * d * 4 + R * 4 + R * parts * 4,
+                mufu_ops=R, alu_ops=8 * R * D + 3 * R * T + 80 * R * d, phases=3, serial_ops=80,
                 hbm_trips=1, staging_trips=1 if staged else 0, l2_trips=0 if staged else 1)
     ids = ((Staging("ids_ptr", read_bytes=P * per,
                     read_requests=P * (2 * lines(R * 4) + lines(T * 4)), unique_bytes=T * 4),)
            if staged else ())
     return Work((uniform(P, 1, step),),
-                hbm_bytes=T * D * 4 * 3 + D * 4 + T * 4 + T * d * 4 + T * 4, staging=ids)
+                hbm_bytes=T * D * 4 * 3 + D * 4 + T * 4 + T * d * 4 + T * 4 + T * parts * 4,
+                staging=ids)
 
 
 @family("embed_grad")

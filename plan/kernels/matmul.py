@@ -8,8 +8,10 @@ so `h @ Wᵀ` is (A_T=0, B_T=1), `dY @ W` is (0, 0) and the weight gradient `dY�
 `matmul_swiglu` computes the gate and up products of one tile together and applies SwiGLU;
 `matmul_rotary` is the qkv product with rotary in its epilogue (bf16 q'|k'|v out, no fp32 scratch);
 `matmul_norm` is the head product.  These three take the fp32 residual rows and apply rmsnorm in
-their prologue (no rmsnorm_fwd launch): each program sums its rows' squares first, then scales
-and rounds each A chunk as it loads it; the first column tile also stores h16 and rstd.
+their prologue (no rmsnorm_fwd launch): r comes from the per-row partial sums of squares the
+residual's producer wrote (`matmul_residual` — out_proj, mlp down — and embed_fwd: one per column
+tile, added in order), then each A chunk is scaled and rounded as it loads: the fp32 rows are read
+once per column tile; the first column tile also stores h16 and rstd.
 `matmul_delta` is out_proj_backward's dO product that also forms delta = rowsum(dO·o) per head.
 The epilogues fuse what used to be separate launches with the same fp32 operations in the same
 order, so the rounding points of NUMERICS.md do not move.
@@ -19,7 +21,7 @@ import triton
 import triton.language as tl
 
 from plan.kernels import meta
-from plan.kernels.norms import RMS_EPS
+from plan.kernels.norms import RMS_EPS, load_parts
 from plan.kernels.rotary import load_rope, rotate_tile
 
 EPI_F32 = tl.constexpr(meta.EPI_F32)
@@ -79,17 +81,21 @@ def _accumulate(a_ptr, b_ptr, offs_m, offs_n, M, N, K, k_lo, k_hi, A_T: tl.const
 
 
 @triton.jit
-def _row_rstd(x_ptr, offs_m, M, K, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
-    """r (BLOCK_M,) = 1/sqrt(mean(x²) + eps) of fp32 rows x (M, K), summed over K in BLOCK_K chunks
-    (a fixed order), IEEE division and square root as rmsnorm does."""
-    offs_k = tl.arange(0, BLOCK_K)
-    ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        mask = (offs_m[:, None] < M) & (k0 + offs_k[None, :] < K)
-        x = tl.load(x_ptr + offs_m[:, None] * K + k0 + offs_k[None, :], mask=mask, other=0.0)
-        ss += tl.sum(x * x, 1)
+def _ssq_rstd(ssq_ptr, offs_m, M, K, SSQ_PARTS: tl.constexpr):
+    """r (BLOCK_M,) = 1/sqrt(mean(x²) + eps) of the rows offs_m of an fp32 residual x (M, K) from
+    its producer's per-row partial sums of squares ssq (SSQ_PARTS, M) — one per column tile of
+    the producer, added in column-tile order (a fixed order) — IEEE division and square root as
+    rmsnorm does.  The fused norm prologues so read x only once, as their A operand."""
+    ss = load_parts(ssq_ptr, offs_m, offs_m < M, M, SSQ_PARTS)
     ms = tl.div_rn(ss, K.to(tl.float32))
     return tl.div_rn(tl.full((), 1.0, tl.float32), tl.sqrt_rn(ms + RMS_EPS))
+
+
+@triton.jit
+def store_ssq(ssq_ptr, x, offs_m, M, part):
+    """ssq[part, m] = Σ_n x[m, n]² of a residual tile x (BLOCK_M, BLOCK_N) (columns past N hold 0):
+    the partial sum its consumer's norm prologue adds in part order."""
+    tl.store(ssq_ptr + part * M + offs_m, tl.sum(x * x, 1), mask=offs_m < M)
 
 
 @triton.jit
@@ -159,8 +165,27 @@ def matmul(a_ptr, b_ptr, c_ptr, aux_ptr, M, N, K,
 
 
 @triton.jit
-def matmul_norm(x_ptr, g_ptr, w_ptr, c_ptr, h16_ptr, rstd_ptr, M, N, K,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+def matmul_residual(a_ptr, b_ptr, x_ptr, out_ptr, ssq_ptr, M, N, K,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    GROUP_M: tl.constexpr):
+    """out (M, N) = x + bf(A) @ bf(B)ᵀ (A (M, K), B (N, K): out_proj, mlp down), the residual
+    stream; and ssq (cdiv(N, BLOCK_N), M): each column tile's per-row Σ out², which the next norm
+    prologue adds up instead of re-reading the rows (NUMERICS out_proj / mlp)."""
+    pid_m, pid_n = _tile_ids(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = _accumulate(a_ptr, b_ptr, offs_m, offs_n, M, N, K, 0, K, False, True,
+                      BLOCK_M, BLOCK_N, BLOCK_K)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    offs = offs_m[:, None] * N + offs_n[None, :]
+    out = tl.load(x_ptr + offs, mask=mask, other=0.0) + acc
+    tl.store(out_ptr + offs, out, mask=mask)
+    store_ssq(ssq_ptr, out, offs_m, M, pid_n)
+
+
+@triton.jit
+def matmul_norm(x_ptr, ssq_ptr, g_ptr, w_ptr, c_ptr, h16_ptr, rstd_ptr, M, N, K,
+                SSQ_PARTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                 GROUP_M: tl.constexpr):
     """c (M, N) fp32 = bf(rmsnorm(x)·g) @ bf(W)ᵀ: final_norm in the prologue, then head.  x (M, K)
     fp32, g (K,); the programs of the first column tile also store h16 = bf(rmsnorm(x)·g) and
@@ -170,7 +195,7 @@ def matmul_norm(x_ptr, g_ptr, w_ptr, c_ptr, h16_ptr, rstd_ptr, M, N, K,
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     keep = offs_m * 0 + pid_n == 0        # (BLOCK_M,): a scalar mask trips Triton 3.9's interpreter
-    r = _row_rstd(x_ptr, offs_m, M, K, BLOCK_M, BLOCK_K)
+    r = _ssq_rstd(ssq_ptr, offs_m, M, K, SSQ_PARTS)
     tl.store(rstd_ptr + offs_m, r, mask=(offs_m < M) & keep)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
@@ -181,8 +206,8 @@ def matmul_norm(x_ptr, g_ptr, w_ptr, c_ptr, h16_ptr, rstd_ptr, M, N, K,
 
 
 @triton.jit
-def matmul_swiglu(x_ptr, wg_ptr, wu_ptr, ab_ptr, z_ptr, h16_ptr, rstd_ptr, M, N, K,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+def matmul_swiglu(x_ptr, ssq_ptr, wg_ptr, wu_ptr, ab_ptr, z_ptr, h16_ptr, rstd_ptr, M, N, K,
+                  SSQ_PARTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                   GROUP_M: tl.constexpr):
     """h = rmsnorm(x) in the prologue (x (M, K) fp32; the first column tile stores h16 and rstd);
     a = bf(h) @ bf(Wgate)ᵀ, b = bf(h) @ bf(Wup)ᵀ (M, N); ab = [a | b] (M, 2N) fp32; z = bf(silu(a)·b)."""
@@ -191,7 +216,7 @@ def matmul_swiglu(x_ptr, wg_ptr, wu_ptr, ab_ptr, z_ptr, h16_ptr, rstd_ptr, M, N,
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     keep = offs_m * 0 + pid_n == 0        # (BLOCK_M,): a scalar mask trips Triton 3.9's interpreter
-    r = _row_rstd(x_ptr, offs_m, M, K, BLOCK_M, BLOCK_K)
+    r = _ssq_rstd(ssq_ptr, offs_m, M, K, SSQ_PARTS)
     tl.store(rstd_ptr + offs_m, r, mask=(offs_m < M) & keep)
     acc_a = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_b = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -208,8 +233,8 @@ def matmul_swiglu(x_ptr, wg_ptr, wu_ptr, ab_ptr, z_ptr, h16_ptr, rstd_ptr, M, N,
 
 
 @triton.jit
-def matmul_rotary(x_ptr, w_ptr, qkv_ptr, rope_ptr, h16_ptr, rstd_ptr, M, N, K,
-                  ROTATED: tl.constexpr, HEAD_DIM: tl.constexpr,
+def matmul_rotary(x_ptr, ssq_ptr, w_ptr, qkv_ptr, rope_ptr, h16_ptr, rstd_ptr, M, N, K,
+                  SSQ_PARTS: tl.constexpr, ROTATED: tl.constexpr, HEAD_DIM: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                   GROUP_M: tl.constexpr):
     """qkv (M, N) bf16 = bf(rotary(bf(h) @ bf(W)ᵀ)), h = rmsnorm(x) in the prologue (x (M, K) fp32;
@@ -222,7 +247,7 @@ def matmul_rotary(x_ptr, w_ptr, qkv_ptr, rope_ptr, h16_ptr, rstd_ptr, M, N, K,
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     keep = offs_m * 0 + pid_n == 0        # (BLOCK_M,): a scalar mask trips Triton 3.9's interpreter
-    r = _row_rstd(x_ptr, offs_m, M, K, BLOCK_M, BLOCK_K)
+    r = _ssq_rstd(ssq_ptr, offs_m, M, K, SSQ_PARTS)
     tl.store(rstd_ptr + offs_m, r, mask=(offs_m < M) & keep)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):

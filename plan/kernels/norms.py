@@ -25,10 +25,12 @@ def _rstd(x, D: tl.constexpr):
 
 
 @triton.jit
-def embed_fwd(ids_ptr, table_ptr, g_ptr, emb_ptr, rstd_ptr, x_ptr, rope_ptr, next_ptr, T,
-              D: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
-              BLOCK_T: tl.constexpr):
-    """e = E[ids] (T, D) → emb = e, rstd = r(e), x = e·r·g (NUMERICS embed); and the rotary table
+def embed_fwd(ids_ptr, table_ptr, g_ptr, emb_ptr, rstd_ptr, x_ptr, ssq_ptr, rope_ptr, next_ptr, T,
+              D: tl.constexpr, HEAD_DIM: tl.constexpr, SSQ_PARTS: tl.constexpr,
+              BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr):
+    """e = E[ids] (T, D) → emb = e, rstd = r(e), x = e·r·g (NUMERICS embed), and x's per-row sums
+    of squares in SSQ_PARTS column chunks of BLOCK_D / SSQ_PARTS (ssq (SSQ_PARTS, T): what the
+    first norm prologue adds up, as it does the matmul_residual tiles'); the rotary table
     rope (T, d) = [cos | sin] of the same rows, which the qkv and attention-backward epilogues read;
     and the next-row links (T,) int32 the embedding backward walks (BLOCK_T ≥ T)."""
     offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -42,7 +44,11 @@ def embed_fwd(ids_ptr, table_ptr, g_ptr, emb_ptr, rstd_ptr, x_ptr, rope_ptr, nex
     offs = offs_r[:, None] * D + offs_d[None, :]
     tl.store(emb_ptr + offs, e, mask=mask)
     tl.store(rstd_ptr + offs_r, r, mask=mask_r)
-    tl.store(x_ptr + offs, (e * r[:, None]) * g[None, :], mask=mask)
+    x = (e * r[:, None]) * g[None, :]
+    tl.store(x_ptr + offs, x, mask=mask)
+    parts = tl.sum(tl.reshape(x * x, (BLOCK_R, SSQ_PARTS, BLOCK_D // SSQ_PARTS)), 2)
+    offs_p = tl.arange(0, SSQ_PARTS)
+    tl.store(ssq_ptr + offs_p[None, :] * T + offs_r[:, None], parts, mask=mask_r[:, None])
     store_rope(rope_ptr, offs_r, T, HEAD_DIM)
     store_next_rows(ids_ptr, next_ptr, offs_r, T, BLOCK_T)
 
