@@ -71,6 +71,15 @@ def embed_fwd(ctx: Context, *, ids, table, g, emb, rstd, x, ssq, rope, next_row,
                          num_warps=tu.rows_warps, num_stages=1, label=label)
 
 
+def final_norm(ctx: Context, *, x, g, h16, rstd, label: str) -> Launch:
+    """h16 = bf(rmsnorm(x)·g) and rstd of T rows: the head's bf16 input, written once."""
+    tu = ctx.tu
+    return triton_launch("plan.kernels.norms", "final_norm", (_row_programs(ctx),),
+                         {"x_ptr": x, "g_ptr": g, "h16_ptr": h16, "rstd_ptr": rstd, "T": i32(ctx.T)},
+                         {"D": ctx.D, "BLOCK_R": tu.rows, "BLOCK_D": next_pow2(ctx.D)},
+                         num_warps=tu.rows_warps, num_stages=1, label=label)
+
+
 def rmsnorm_bwd(ctx: Context, *, dy, x, rstd, g, dx, dx16, has_gain: bool, accumulate: bool,
                 write_bf16: bool, label: str, dy_parts: int = 1) -> Launch:
     """dx [+]= rmsnorm_backward(dy [·g]); dx16 = bf(dx) when write_bf16 (g unread without gain);

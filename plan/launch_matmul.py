@@ -165,11 +165,3 @@ def matmul_swiglu(ctx: Context, *, x, ssq, wg, wu, ab, z, h16, rstd, label: str)
                   {"x_ptr": x, "ssq_ptr": ssq, "wg_ptr": wg, "wu_ptr": wu, "ab_ptr": ab, "z_ptr": z,
                    "h16_ptr": h16, "rstd_ptr": rstd}, _parts(ctx), ctx.T, ctx.F, ctx.D, label,
                   shape=(ctx.tu.mm_warps, ctx.tu.mm_stages))   # the tuning's shape whatever the tile
-
-
-def matmul_norm(ctx: Context, *, x, ssq, g, w, c, h16, rstd, label: str) -> Launch:
-    """logits = bf(rmsnorm(x)·g) @ bf(Whead)ᵀ (fp32), the norm in the prologue (r from ssq;
-    h16, rstd stored)."""
-    return _tiled(ctx, "matmul_norm",
-                  {"x_ptr": x, "ssq_ptr": ssq, "g_ptr": g, "w_ptr": w, "c_ptr": c, "h16_ptr": h16,
-                   "rstd_ptr": rstd}, _parts(ctx), ctx.T, ctx.V, ctx.D, label)

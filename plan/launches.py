@@ -56,9 +56,14 @@ def forward(ctx: Context) -> list[Launch]:
                        label="embed")]
     for layer in range(ctx.p.layers):
         out += _layer_forward(ctx, layer_refs(ctx, layer))
-    out.append(MM.matmul_norm(ctx, x=ctx.slab("resid", last), ssq=ctx.ssq(last),
-                              g=ctx.param("g_final"), w=ctx.param("head", "w16"), c=ctx.buf("logits"),
-                              h16=ctx.slab("h16", last), rstd=ctx.rstd(last), label="final_norm+head"))
+    # the final norm once (a row launch), then the head on its bf16 output: the head's 96
+    # column tiles would each re-read the fp32 rows in a fused prologue
+    hf16 = ctx.slab("h16", last)
+    out.append(B.final_norm(ctx, x=ctx.slab("resid", last), g=ctx.param("g_final"), h16=hf16,
+                            rstd=ctx.rstd(last), label="final_norm"))
+    out.append(MM.matmul(ctx, a=hf16, b=ctx.param("head", "w16"), c=ctx.buf("logits"),
+                         aux=ctx.buf("logits"), M=ctx.T, N=ctx.V, K=ctx.D, b_transposed=True,
+                         epilogue=meta.EPI_F32, label="head"))
     return out
 
 

@@ -844,29 +844,6 @@ class _MatmulSwiglu:
         yield from _prologue_expect(case, pn, rows, m.h, m.r)
 
 
-@oracle("matmul_norm")
-class _MatmulNorm:
-    """logits = bf(final_norm(x)) @ bf(W)ᵀ: the reference final_norm and head stages on the tile."""
-
-    def setup(self, case):
-        M, N, K, *_ = _matmul_dims(case)
-        _ssq_input(case, case.input("x_ptr", (M, K), scale=3.0))
-        case.input("g_ptr", values=1 + 0.1 * case.rng.standard_normal(K, dtype=np.float32))
-        case.input("w_ptr", (N, K))
-        case.output("c_ptr", (M, N), T_ULP)
-        case.output("h16_ptr", (M, K), T_ULP)
-        case.output("rstd_ptr", (M,), T_ELEM)
-
-    def programs(self, case):
-        return _matmul_programs(case)
-
-    def expect(self, case, pid):
-        pn, rows, cols = _tile(case, pid)
-        f = ref.final_norm(case.data["x_ptr"][rows], case.data["g_ptr"])
-        yield "c_ptr", (rows, cols), ref.head(f.hf, case.data["w_ptr"][cols])
-        yield from _prologue_expect(case, pn, rows, f.hf, f.r)
-
-
 @oracle("matmul_delta")
 class _MatmulDelta:
     """dO = bf(dres) @ bf(Wo) (reference out_proj_backward) and delta = Σ_d dO·o per head."""
@@ -1012,6 +989,27 @@ def _rows_expect(case, rows, has_gain, accumulate, write_bf16):
     yield "dx_ptr", (rows,), dx
     if write_bf16:
         yield "dx16_ptr", (rows,), ref.bf16(dx)
+
+
+@oracle("final_norm")
+class _FinalNorm:
+    """h16 = bf(final_norm(x)·g) and rstd: the reference final_norm stage, the head's input."""
+
+    def setup(self, case):
+        T, D = case.scalar("T"), case.const("D")
+        case.input("x_ptr", (T, D), scale=3.0)
+        case.input("g_ptr", values=1 + 0.1 * case.rng.standard_normal(D, dtype=np.float32))
+        case.output("h16_ptr", (T, D), T_ULP)
+        case.output("rstd_ptr", (T,), T_ELEM)
+
+    def programs(self, case):
+        return sample(case.launch.grid[0])
+
+    def expect(self, case, pid):
+        rows = _block(pid, case.const("BLOCK_R"), case.scalar("T"))
+        f = ref.final_norm(case.data["x_ptr"][rows], case.data["g_ptr"])
+        yield "h16_ptr", (rows,), ref.bf16(f.hf)
+        yield "rstd_ptr", (rows,), f.r
 
 
 @oracle("rmsnorm_bwd")

@@ -21,7 +21,7 @@ from plan.kernels.adamw import adamw
 from plan.kernels.copy import copy_f32
 from plan.kernels.cross_entropy import cross_entropy, predictions
 from plan.kernels.embed_grad import embed_grad
-from plan.kernels.norms import embed_fwd, rmsnorm_bwd, rmsnorm_bwd_gain
+from plan.kernels.norms import embed_fwd, final_norm, rmsnorm_bwd, rmsnorm_bwd_gain
 
 RNG = np.random.default_rng(11)
 BLOCK_R = 16                   # rows per norm program
@@ -133,6 +133,26 @@ def test_embed_fwd_is_the_embed_stage_and_writes_the_rotary_table_and_links(shap
     cos, sin = ref.rotary_tables(type("P", (), {"context": T, "head_dim": d})())
     assert_close("cos", f32(rope[:T, :d // 2]), cos, ELEMENTWISE)
     assert_close("sin", f32(rope[:T, d // 2:]), sin, ELEMENTWISE)
+
+
+@pytest.mark.parametrize("shape", SHAPE_IDS)
+def test_final_norm_writes_the_heads_bf16_input_once(shape):
+    """hf = rmsnorm(x)·g as bf16 (the head's operand: NUMERICS final_norm then head) and r."""
+    s = SHAPES[shape]
+    T, D = s.T, s.D
+    x = (3 * RNG.standard_normal((T, D))).astype(np.float32)
+    g = (1 + 0.1 * RNG.standard_normal(D)).astype(np.float32)
+    h16, rstd = poisoned((T + 3, D), torch.bfloat16), poisoned((T + 3,))   # rows past T unwritten
+    final_norm[s.grid](_t(x), _t(g), h16, rstd, T, **s.norm)
+    assert_written("h16", h16[:T])
+    assert_written("rstd", rstd[:T])
+    assert_unwritten("final_norm's rows past T", h16[T:])
+    assert_unwritten("final_norm's rstd past T", rstd[T:])
+    want = ref.final_norm(x, g)
+    assert_close("rstd", f32(rstd[:T]), want.r, ELEMENTWISE)
+    assert_close("hf", f32(h16[:T]), ref.bf16(want.hf), ONE_BF16_ULP)
+    mine = (x * f32(rstd[:T])[:, None]) * g                       # its own r, the same fp32 ops
+    assert_bitwise("h16 is bf(x·r·g) of the stored r", f32(h16[:T]), ref.bf16(mine))
 
 
 @pytest.mark.parametrize("shape", SHAPE_IDS)

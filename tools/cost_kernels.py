@@ -162,8 +162,8 @@ def _matmul(v: View) -> Work:
                 hbm_bytes=M * K * a + K * N * b + c_unique + aux_unique)
 
 
-def _norm_prologue(v: View, products: int, gain: bool, epilogue: Step, out_unique: float) -> Work:
-    """matmul_rotary / _swiglu / _norm: each program forms its rows' r from the producer's
+def _norm_prologue(v: View, products: int, epilogue: Step, out_unique: float) -> Work:
+    """matmul_rotary / _swiglu: each program forms its rows' r from the producer's
     SSQ_PARTS partial sums of squares (a dependent load of BM × parts words before the K loop),
     then loads the fp32 rows, scales and rounds them as the A operand (fp32 A read once per
     column tile); programs of column tile 0 store h16 and rstd."""
@@ -172,14 +172,13 @@ def _norm_prologue(v: View, products: int, gain: bool, epilogue: Step, out_uniqu
     parts = v.c["SSQ_PARTS"]
     x, w = v.elem("x_ptr"), v.elem("w_ptr" if "w_ptr" in v.args else "wg_ptr")
     tiles = _tiles(v, M, N, BM, BN)
-    main = _mm_step(v, BM, BN, BK, x, w, products, alu=(3 if gain else 2) * BM * BK)
-    step = dataclasses.replace(main, load_bytes=main.load_bytes + (BK * 4 if gain else 0))
+    step = _mm_step(v, BM, BN, BK, x, w, products, alu=2 * BM * BK)      # x·r, round
     fixed = Step(load_bytes=epilogue.load_bytes + parts * BM * 4, store_bytes=epilogue.store_bytes,
                  mufu_ops=epilogue.mufu_ops + BM, alu_ops=epilogue.alu_ops + (20 + parts) * BM,
                  phases=1, hbm_trips=1, l2_trips=1)                # + rstd of BM rows from ssq
     h16_rstd = M * K * 2 + M * 4
     return Work((uniform(tiles, cdiv(K, BK), step, fixed),),
-                hbm_bytes=M * K * x + products * N * K * w + (K * 4 if gain else 0) + h16_rstd
+                hbm_bytes=M * K * x + products * N * K * w + h16_rstd
                 + parts * M * 4 + out_unique, extra_l2_bytes=h16_rstd)
 
 
@@ -202,7 +201,7 @@ def _matmul_rotary(v: View) -> Work:
     BM, BN = v.c["BLOCK_M"], v.c["BLOCK_N"]
     # rope [cos|sin] rows in, rotation (~6 ops per element), bf16 q'|k'|v out
     epi = Step(load_bytes=BM * d * 4, store_bytes=BM * BN * 2, alu_ops=6 * BM * BN)
-    return _norm_prologue(v, 1, False, epi, out_unique=M * N * 2 + M * d * 4)
+    return _norm_prologue(v, 1, epi, out_unique=M * N * 2 + M * d * 4)
 
 
 @family("matmul_swiglu")
@@ -211,15 +210,7 @@ def _matmul_swiglu(v: View) -> Work:
     BM, BN = v.c["BLOCK_M"], v.c["BLOCK_N"]
     # ab = [a|b] fp32 and z = bf(silu(a)·b) out: exp + div_rn per element
     epi = Step(store_bytes=BM * BN * (8 + 2), mufu_ops=2 * BM * BN, alu_ops=15 * BM * BN)
-    return _norm_prologue(v, 2, False, epi, out_unique=M * N * (8 + 2))
-
-
-@family("matmul_norm")
-def _matmul_norm(v: View) -> Work:
-    M, N = v.scalar("M"), v.scalar("N")
-    BM, BN = v.c["BLOCK_M"], v.c["BLOCK_N"]
-    epi = Step(store_bytes=BM * BN * 4, alu_ops=BM * BN)
-    return _norm_prologue(v, 1, True, epi, out_unique=M * N * 4)
+    return _norm_prologue(v, 2, epi, out_unique=M * N * (8 + 2))
 
 
 @family("matmul_delta")
@@ -365,6 +356,15 @@ def _gain_programs(T, D, GR, GC, parts) -> Programs:
     gain = Step(load_bytes=GR * 4 + (1 + parts) * GR * GC * 4, alu_ops=(2 + parts) * GR * GC,
                 phases=1, l2_trips=1)
     return uniform(cdiv(D, GC), cdiv(T, GR), gain, Step(store_bytes=GC * 4, hbm_trips=1))
+
+
+@family("final_norm")
+def _final_norm(v: View) -> Work:
+    T, D, R = v.scalar("T"), v.c["D"], v.c["BLOCK_R"]
+    # BLOCK_R fp32 rows and the gain in, a row reduction, bf16 rows and rstd out
+    step = Step(load_bytes=R * D * 4 + D * 4, store_bytes=R * D * 2 + R * 4, alu_ops=6 * R * D,
+                mufu_ops=R, phases=1, hbm_trips=1)
+    return Work((uniform(v.programs, 1, step),), hbm_bytes=T * D * (4 + 2) + D * 4 + T * 4)
 
 
 @family("rmsnorm_bwd_gain")

@@ -6,9 +6,9 @@ One kernel covers every matrix product of the model through two layout flags:
   B_T = False: B stored (K, N) row-major
 so `h @ Wᵀ` is (A_T=0, B_T=1), `dY @ W` is (0, 0) and the weight gradient `dYᵀ @ h` is (1, 0).
 `matmul_swiglu` computes the gate and up products of one tile together and applies SwiGLU;
-`matmul_rotary` is the qkv product with rotary in its epilogue (bf16 q'|k'|v out, no fp32 scratch);
-`matmul_norm` is the head product.  These three take the fp32 residual rows and apply rmsnorm in
-their prologue (no rmsnorm_fwd launch): r comes from the per-row partial sums of squares the
+`matmul_rotary` is the qkv product with rotary in its epilogue (bf16 q'|k'|v out, no fp32 scratch).
+These two take the fp32 residual rows and apply rmsnorm in their prologue (no rmsnorm_fwd launch;
+the head reads the bf16 output of the final norm's row launch instead, plan/kernels/norms.py): r comes from the per-row partial sums of squares the
 residual's producer wrote (`matmul_residual` — out_proj, mlp down — and embed_fwd: one per column
 tile, added in order), then each A chunk is scaled and rounded as it loads: the fp32 rows are read
 once per column tile; the first column tile also stores h16 and rstd.
@@ -99,15 +99,12 @@ def store_ssq(ssq_ptr, x, offs_m, M, part):
 
 
 @triton.jit
-def _load_normed(x_ptr, g_ptr, h16_ptr, r, offs_m, offs_k, M, K, HAS_GAIN: tl.constexpr, keep):
-    """bf(x·r [·g]) (BLOCK_M, BLOCK_K): the rmsnorm output chunk as a matmul operand (NUMERICS
-    rmsnorm / final_norm); rows where `keep` (BLOCK_M,) also store it to h16 (M, K) for the backward."""
+def _load_normed(x_ptr, h16_ptr, r, offs_m, offs_k, M, K, keep):
+    """bf(x·r) (BLOCK_M, BLOCK_K): the rmsnorm output chunk as a matmul operand (NUMERICS
+    rmsnorm); rows where `keep` (BLOCK_M,) also store it to h16 (M, K) for the backward."""
     mask = (offs_m[:, None] < M) & (offs_k[None, :] < K)
     offs = offs_m[:, None] * K + offs_k[None, :]
-    y = tl.load(x_ptr + offs, mask=mask, other=0.0) * r[:, None]
-    if HAS_GAIN:
-        y = y * tl.load(g_ptr + offs_k, mask=offs_k < K, other=0.0)[None, :]
-    h = y.to(tl.bfloat16)
+    h = (tl.load(x_ptr + offs, mask=mask, other=0.0) * r[:, None]).to(tl.bfloat16)
     tl.store(h16_ptr + offs, h, mask=mask & keep[:, None])
     return h
 
@@ -184,28 +181,6 @@ def matmul_residual(a_ptr, b_ptr, x_ptr, out_ptr, ssq_ptr, M, N, K,
 
 
 @triton.jit
-def matmul_norm(x_ptr, ssq_ptr, g_ptr, w_ptr, c_ptr, h16_ptr, rstd_ptr, M, N, K,
-                SSQ_PARTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                GROUP_M: tl.constexpr):
-    """c (M, N) fp32 = bf(rmsnorm(x)·g) @ bf(W)ᵀ: final_norm in the prologue, then head.  x (M, K)
-    fp32, g (K,); the programs of the first column tile also store h16 = bf(rmsnorm(x)·g) and
-    rstd (M,) for the backward."""
-    pid_m, pid_n = _tile_ids(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    keep = offs_m * 0 + pid_n == 0        # (BLOCK_M,): a scalar mask trips Triton 3.9's interpreter
-    r = _ssq_rstd(ssq_ptr, offs_m, M, K, SSQ_PARTS)
-    tl.store(rstd_ptr + offs_m, r, mask=(offs_m < M) & keep)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        h = _load_normed(x_ptr, g_ptr, h16_ptr, r, offs_m, k0 + offs_k, M, K, True, keep)
-        acc = tl.dot(h, _load_b(w_ptr, k0 + offs_k, offs_n, N, K, True), acc)
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    tl.store(c_ptr + offs_m[:, None] * N + offs_n[None, :], acc, mask=mask)
-
-
-@triton.jit
 def matmul_swiglu(x_ptr, ssq_ptr, wg_ptr, wu_ptr, ab_ptr, z_ptr, h16_ptr, rstd_ptr, M, N, K,
                   SSQ_PARTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                   GROUP_M: tl.constexpr):
@@ -221,7 +196,7 @@ def matmul_swiglu(x_ptr, ssq_ptr, wg_ptr, wu_ptr, ab_ptr, z_ptr, h16_ptr, rstd_p
     acc_a = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_b = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        h = _load_normed(x_ptr, x_ptr, h16_ptr, r, offs_m, k0 + offs_k, M, K, False, keep)
+        h = _load_normed(x_ptr, h16_ptr, r, offs_m, k0 + offs_k, M, K, keep)
         acc_a = tl.dot(h, _load_b(wg_ptr, k0 + offs_k, offs_n, N, K, True), acc_a)
         acc_b = tl.dot(h, _load_b(wu_ptr, k0 + offs_k, offs_n, N, K, True), acc_b)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
@@ -251,7 +226,7 @@ def matmul_rotary(x_ptr, ssq_ptr, w_ptr, qkv_ptr, rope_ptr, h16_ptr, rstd_ptr, M
     tl.store(rstd_ptr + offs_m, r, mask=(offs_m < M) & keep)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        h = _load_normed(x_ptr, x_ptr, h16_ptr, r, offs_m, k0 + offs_k, M, K, False, keep)
+        h = _load_normed(x_ptr, h16_ptr, r, offs_m, k0 + offs_k, M, K, keep)
         acc = tl.dot(h, _load_b(w_ptr, k0 + offs_k, offs_n, N, K, True), acc)
     c, s = load_rope(rope_ptr, offs_m, M, HEAD_DIM)                  # (BLOCK_M, d/2)
     y = rotate_tile(acc, c, s, pid_n * HEADS_IN_TILE, ROTATED, HEADS_IN_TILE, HEAD_DIM, False)

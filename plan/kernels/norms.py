@@ -54,6 +54,23 @@ def embed_fwd(ids_ptr, table_ptr, g_ptr, emb_ptr, rstd_ptr, x_ptr, ssq_ptr, rope
 
 
 @triton.jit
+def final_norm(x_ptr, g_ptr, h16_ptr, rstd_ptr, T, D: tl.constexpr, BLOCK_R: tl.constexpr,
+               BLOCK_D: tl.constexpr):
+    """hf = rmsnorm(x)·g (NUMERICS final_norm) of BLOCK_R whole rows: h16 = bf(x·r·g) (T, D), the
+    head's bf16 operand written once, and rstd = r (T,) for the backward."""
+    offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_r = offs_r < T
+    mask = mask_r[:, None] & (offs_d[None, :] < D)
+    offs = offs_r[:, None] * D + offs_d[None, :]
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    r = _rstd(x, D)
+    g = tl.load(g_ptr + offs_d, mask=offs_d < D, other=0.0)
+    tl.store(h16_ptr + offs, ((x * r[:, None]) * g[None, :]).to(tl.bfloat16), mask=mask)
+    tl.store(rstd_ptr + offs_r, r, mask=mask_r)
+
+
+@triton.jit
 def load_parts(ptr, offs, mask, STRIDE, PARTS: tl.constexpr):
     """Σ_s ptr[s·STRIDE + offs] for s = 0 .. PARTS−1, added in s order (split-K partials of a
     product: ((p0 + p1) + p2) + …, a fixed order)."""
