@@ -48,9 +48,10 @@ class Tuning:
 H200 = Tuning(mm_tiles=((128, 128), (128, 64), (64, 64)), mm_min_programs=120, mm_block_k=64,
               mm_warps=8, mm_stages=3, rows=4, rows_warps=4, attn_m=64, attn_n=64, attn_warps=4,
               ce_rows=1, ce_warps=16, adamw_block=2048, adamw_warps=8, vocab_block=16, vocab_warps=8,
-              gain_cols=32, gain_rows=64,
+              # 128 rows per gain-column trip: 8 unprefetched trips on its chain instead of 16
+              gain_cols=32, gain_rows=128,
               # 128×128 spilled 360 B (ptxas -v: 255 registers, the epilogue holds dz, a, b, σ);
-              # 128×64 keeps it in registers
+              # 128×64 with the epilogue in column halves takes 126: 2 blocks per SM
               swiglu_bwd_tiles=((128, 64), (64, 64)),
               # the AdamW epilogue holds g, p, m, v of the tile: 128×64 at 8 warps keeps 32
               # registers per value per thread

@@ -110,6 +110,24 @@ def _load_normed(x_ptr, h16_ptr, r, offs_m, offs_k, M, K, keep):
 
 
 @triton.jit
+def _swiglu_bwd_half(dz, c_ptr, aux_ptr, offs_m, offs_n, M, N):
+    """dz (BLOCK_M, cols) of the SwiGLU backward; [a | b] (M, 2N) saved by the forward; writes
+    [bf(da) | bf(db)] of those columns (NUMERICS mlp_backward)."""
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    row = offs_m[:, None] * (2 * N)
+    ga = tl.load(aux_ptr + row + offs_n[None, :], mask=mask, other=0.0)
+    up = tl.load(aux_ptr + row + N + offs_n[None, :], mask=mask, other=0.0)
+    ea = 1.0 + tl.exp(-ga)
+    sig = tl.div_rn(1.0, ea)
+    silu = tl.div_rn(ga, ea)
+    dsilu = sig * (1.0 + ga * (1.0 - sig))
+    da = dz * up * dsilu
+    db = dz * silu
+    tl.store(c_ptr + row + offs_n[None, :], da.to(tl.bfloat16), mask=mask)
+    tl.store(c_ptr + row + N + offs_n[None, :], db.to(tl.bfloat16), mask=mask)
+
+
+@triton.jit
 def matmul(a_ptr, b_ptr, c_ptr, aux_ptr, M, N, K,
            A_T: tl.constexpr, B_T: tl.constexpr, EPILOGUE: tl.constexpr, SPLIT_K: tl.constexpr,
            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -139,18 +157,12 @@ def matmul(a_ptr, b_ptr, c_ptr, aux_ptr, M, N, K,
                       BLOCK_M, BLOCK_N, BLOCK_K)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     if EPILOGUE == EPI_SWIGLU_BWD:
-        # acc = dz; [a | b] saved by the forward; writes [bf(da) | bf(db)] (NUMERICS mlp_backward)
-        row = offs_m[:, None] * (2 * N)
-        ga = tl.load(aux_ptr + row + offs_n[None, :], mask=mask, other=0.0)
-        up = tl.load(aux_ptr + row + N + offs_n[None, :], mask=mask, other=0.0)
-        ea = 1.0 + tl.exp(-ga)
-        sig = tl.div_rn(1.0, ea)
-        silu = tl.div_rn(ga, ea)
-        dsilu = sig * (1.0 + ga * (1.0 - sig))
-        da = acc * up * dsilu
-        db = acc * silu
-        tl.store(c_ptr + row + offs_n[None, :], da.to(tl.bfloat16), mask=mask)
-        tl.store(c_ptr + row + N + offs_n[None, :], db.to(tl.bfloat16), mask=mask)
+        # in two column halves: fewer tiles of a, b and their intermediates live at once
+        HALF: tl.constexpr = BLOCK_N // 2
+        dz_lo, dz_hi = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, HALF)), (0, 2, 1)))
+        offs_h = pid_n * BLOCK_N + tl.arange(0, HALF)
+        _swiglu_bwd_half(dz_lo, c_ptr, aux_ptr, offs_m, offs_h, M, N)
+        _swiglu_bwd_half(dz_hi, c_ptr, aux_ptr, offs_m, offs_h + HALF, M, N)
     else:
         offs_c = offs_m[:, None] * N + offs_n[None, :]
         if EPILOGUE == EPI_RESIDUAL:
