@@ -40,6 +40,7 @@ def run(args) -> int:
                                TimeRemainingColumn, TransferSpeedColumn)
 
     from plan import profiles
+    from staging import paths
     from staging import tokens as tk
     from . import tokenizer as tz
     from .errors import UserError
@@ -55,8 +56,8 @@ def run(args) -> int:
     eot = tz.end_of_text_id(tok)
     encoder = tz.Encoder(tok)
     out = pathlib.Path(args.output)
-    if out.exists() and not args.force:
-        raise UserError(f"token cache {out} exists", "pass --force to overwrite it")
+    paths.check_output(out, "token cache", overwrite=args.force,
+                       exists_hint="pass --force to overwrite it", parents=True)
     files = tk.source_files(args.sources)
     if not files:
         raise UserError(f"no files under {' '.join(args.sources)}", "name files or directories")
@@ -68,8 +69,9 @@ def run(args) -> int:
     console = Console(stderr=True)
     n_tokens, latin1 = 0, 0
     t0 = time.perf_counter()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
+    with paths.refusing("token cache", out, "create"):
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
     # SIGTERM unwinds like ^C so the temporary file is removed
     previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
@@ -94,7 +96,7 @@ def run(args) -> int:
                 batch.clear()
 
             for path in files:
-                data = path.read_bytes()
+                data = paths.read_regular(path, "source")
                 if b"\0" in data:     # binary: BPE over it is slow and useless
                     raise UserError(f"{path} contains NUL bytes: not a text file",
                                     "name only text files, e.g. $(find DIR -name '*.py')")
