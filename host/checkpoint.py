@@ -497,11 +497,12 @@ def load(path, profile, transfer=None):
 # ------------------------------------------------------------------------------------- lock
 
 @contextlib.contextmanager
-def lock(path):
+def lock(path, name=None):
     """Hold `PATH.lock` of the resolved path (flock LOCK_EX|LOCK_NB) for a run; a second holder is
     refused at once.  Resolving first makes every spelling of one checkpoint (a symbolic link,
     `dir/../`) contend for the same lock file.  The lock dies with its process, so a leftover
-    lock file is harmless and is never removed."""
+    lock file is harmless and is never removed.  `name` is how a refusal calls the checkpoint
+    (the user's spelling of a resolved path)."""
     lock_path = os.path.realpath(path) + LOCK_SUFFIX
     try:
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY
@@ -521,7 +522,7 @@ def lock(path):
         holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
         os.close(fd)
         by = f" (held by pid {holder})" if holder.isdigit() else ""
-        raise CheckpointLocked(f"checkpoint {os.fspath(path)} is in use by another run: "
+        raise CheckpointLocked(f"checkpoint {os.fspath(name or path)} is in use by another run: "
                                f"{lock_path} is locked{by}",
                                "wait for that run to finish, or use another checkpoint path"
                                ) from None

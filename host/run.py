@@ -183,7 +183,7 @@ def run(req: Request, progress: Progress | None = None) -> Summary:
         # one file under every spelling (a symbolic link, dir/../): lock, read and publish the
         # resolved path, so that two runs on one checkpoint always contend for one lock
         resolved = Path(os.path.realpath(ckpt_path))
-        with ckpt_mod.lock(resolved), \
+        with ckpt_mod.lock(resolved, name=ckpt_path), \
                 ckpt_mod.open_input(resolved, profile, name=ckpt_path) as inp:
             c0 = inp.update_count
             cache = TokenCache.open(tokens_path, profile)

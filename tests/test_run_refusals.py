@@ -166,7 +166,8 @@ def test_a_run_through_a_symlink_is_refused_while_the_target_runs(fake, tmp_path
         for spelling in (link, tmp_path / "run" / ".." / "real.ckpt"):
             (tmp_path / "run").mkdir(exist_ok=True)
             assert cli.main(run_argv(tmp_path, spelling, tmp_path / "r.bin")) == 2
-            assert f"{real}.lock is locked" in one_line(capsys)
+            line = one_line(capsys)
+            assert f"checkpoint {spelling} is in use by another run: {real}.lock is locked" in line
             assert not (tmp_path / "r.bin").exists()
 
 
