@@ -62,13 +62,13 @@ from test_kernels_attention import ATTENTION_GRAD, ATTENTION_GRAD16, ATTENTION_O
 from triton import cdiv
 from triton.runtime import interpreter as _interp
 
+from host.backend import BUFFER_POISON  # device buffers: NaN for floats, -1 for ints
 from plan import launches as L
 from plan.attention_split import AttentionSplit
 from plan import reference as ref
 from plan.kernels import meta
 from staging import layout as SL
 
-BUFFER_POISON = 0xFF            # device buffers: NaN for floats, -1 for ints (as the interpret backend)
 STAGING_POISON = SL.POISON_BYTE
 SPACE_GUARD_BYTES = 64 * 1024   # mapped, watched bytes before and after every buffer
 GUARD_ELEMENTS = 4096           # watched elements either side of a region of a large buffer

@@ -11,7 +11,6 @@ import numpy as np
 import production_support as ps
 import pytest
 
-import host.backend_interpret as backend_interpret
 from plan import launches, profiles
 from plan.buffers import BufferSpec, buffers
 from plan.kernels import meta
@@ -40,10 +39,6 @@ def test_every_production_function_has_an_oracle_or_a_reason():
     missing = sorted({(l.function, l.kernel) for l in KERNELS.values()
                       if l.function not in ps.REGISTRY and l.function not in ps.SKIPPED})
     assert not missing, f"no oracle in tests/production_support.py REGISTRY for {missing}"
-
-
-def test_poison_is_the_interpret_backends():
-    assert ps.BUFFER_POISON == backend_interpret._BUFFER_POISON
 
 
 @pytest.mark.parametrize("kernel", list(KERNELS), ids=[f"{k}-{l.label}" for k, l in KERNELS.items()])
