@@ -33,13 +33,15 @@ from plan.kernels.rotary import load_rope, rotate_tile
 @triton.jit
 def _fwd_chunk_of(idx, T, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FWD_CHUNK: tl.constexpr):
     """(query block, chunk) of forward chunk idx: query blocks from the last, chunks in kv order
-    (AttentionSplit.fwd_programs)."""
+    (AttentionSplit.fwd_programs).  ⌈a/b⌉ is written out: tl.cdiv is a jit function, and the
+    interpreter pays ~1 ms per nested jit call, here once per block skipped."""
+    SPAN: tl.constexpr = BLOCK_N * FWD_CHUNK                         # rows of keys per chunk
     pid_m = T // BLOCK_M - 1
-    chunks = tl.cdiv((pid_m + 1) * BLOCK_M, BLOCK_N * FWD_CHUNK)
+    chunks = ((pid_m + 1) * BLOCK_M + SPAN - 1) // SPAN
     while idx >= chunks:
         idx -= chunks
         pid_m -= 1
-        chunks = tl.cdiv((pid_m + 1) * BLOCK_M, BLOCK_N * FWD_CHUNK)
+        chunks = ((pid_m + 1) * BLOCK_M + SPAN - 1) // SPAN
     return pid_m, idx
 
 
@@ -125,11 +127,11 @@ def _dkdv_chunk_of(idx, T, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: 
     (AttentionSplit.dkdv_programs)."""
     q_blocks = T // BLOCK_M
     pid_n = idx * 0
-    chunks = tl.cdiv(GROUP * q_blocks, BWD_CHUNK)                    # kv block 0: every query block
-    while idx >= chunks:
+    chunks = (GROUP * q_blocks + BWD_CHUNK - 1) // BWD_CHUNK         # kv block 0: every query block
+    while idx >= chunks:                                             # ⌈a/b⌉ written out: as above
         idx -= chunks
         pid_n += 1
-        chunks = tl.cdiv(GROUP * (q_blocks - pid_n * BLOCK_N // BLOCK_M), BWD_CHUNK)
+        chunks = (GROUP * (q_blocks - pid_n * BLOCK_N // BLOCK_M) + BWD_CHUNK - 1) // BWD_CHUNK
     return pid_n, idx
 
 
