@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from plan.attention_split import attention_split
 from plan.tuning import ssq_parts, tuning
 from staging import layout as SL
 
@@ -60,7 +61,9 @@ def buffers(profile) -> dict[str, BufferSpec]:
     T, D, V, F, L = profile.context, profile.width, profile.vocab, profile.hidden, profile.layers
     N, W, Hd, H = profile.parameter_count, qkv_width(profile), profile.q_width, profile.heads
     S = norm_points(profile)
+    G, d = profile.kv_heads, profile.head_dim
     tu = tuning(profile)
+    split = attention_split(profile, tu)
     specs = [
         BufferSpec("pmv", "fp32", (3, N), "P plane at 0, M at N, V at 2N (the checkpoint payload)"),
         BufferSpec("w16", "bf16", (N,), "bf16 copy of P (the matmuls' weights; AdamW leaves E and "
@@ -94,5 +97,15 @@ def buffers(profile) -> dict[str, BufferSpec]:
         BufferSpec("next_row", "i32", (T,), "next row with the same input token (T if none), embed_fwd"),
         BufferSpec("staged", "u32", (STAGED_WORDS,), "the issue's input record and doorbell, "
                    "copied from staging by the first launch"),
+        # attention split (plan/attention_split.py): slot c holds chunk c's partial; every layer
+        # reuses them (each is written and read by one launch pair)
+        BufferSpec("attn_o_part", "fp32", (split.fwd_slots, T, Hd),
+                   "attention_fwd chunks: Σ bf(exp(s − m_c))·v per row and head, unnormalized"),
+        BufferSpec("attn_ml_part", "fp32", (split.fwd_slots, 2, H, T),
+                   "attention_fwd chunks: row max m_c and row sum l_c per head"),
+        BufferSpec("attn_kv_part", "fp32", (split.bwd_slots, T, 2 * G * d),
+                   "attention_bwd chunks: dk' | dv partial sums per kv head (before rotary_backward)"),
+        BufferSpec("ds16", "bf16", (H, T, T),
+                   "bf(ds)ᵀ per head, [kv row, query row] (attention_bwd → attention_bwd_dq)"),
     ]
     return {s.name: s for s in specs}
