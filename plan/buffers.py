@@ -3,8 +3,9 @@
 `pmv` and `w16` are fixed by the design (P/M/V planes in one fp32 buffer, the bf16 weight copy in
 the P plane's layout); the rest hold the activations the backward pass reads and its scratch.
 There is no gradient plane: the weight-gradient launches and embed_grad apply AdamW to each
-gradient tile in registers; only the two gains' gradients wait in `dgain` for their update.  Backends allocate each buffer separately (so every base is 256-byte
-aligned on cuda) and resolve launch arguments `BufferRef(name, element offset)` against them.
+gradient tile in registers; only the two gains' gradients wait in `dgain` for their update.
+Backends allocate each buffer separately (so every base is 256-byte aligned on cuda) and resolve
+launch arguments `BufferRef(name, element offset)` against them.
 Plain data: no Triton, no torch.
 """
 from __future__ import annotations

@@ -44,7 +44,8 @@ def release_stage_in(ctx: Context, submission: int) -> Launch:
 def release(ctx: Context, submission: int) -> Launch:
     """The hand-written release kernel as a submission's last launch: the final semaphore record
     of `submission`, its payload the staged doorbell."""
-    args = (("doorbell_ptr", ctx.doorbell()), ("slot_ptr", _slot(submission, SL.SLOT_FINAL_RELEASE)))
+    args = (("doorbell_ptr", ctx.doorbell()),
+            ("slot_ptr", _slot(submission, SL.SLOT_FINAL_RELEASE)))
     return Launch(RELEASE, "", RELEASE, (1, 1, 1), args, (), 1, 1, "final_release")
 
 
@@ -76,7 +77,8 @@ def final_norm(ctx: Context, *, x, g, h16, rstd, label: str) -> Launch:
     """h16 = bf(rmsnorm(x)·g) and rstd of T rows: the head's bf16 input, written once."""
     tu = ctx.tu
     return triton_launch("plan.kernels.norms", "final_norm", (_row_programs(ctx),),
-                         {"x_ptr": x, "g_ptr": g, "h16_ptr": h16, "rstd_ptr": rstd, "T": i32(ctx.T)},
+                         {"x_ptr": x, "g_ptr": g, "h16_ptr": h16, "rstd_ptr": rstd,
+                          "T": i32(ctx.T)},
                          {"D": ctx.D, "BLOCK_R": tu.rows, "BLOCK_D": next_pow2(ctx.D)},
                          num_warps=tu.rows_warps, num_stages=1, label=label)
 
@@ -223,7 +225,8 @@ def embed_grad(ctx: Context, *, ids, next_row, de, w1, label: str) -> Launch:
     P/M/V rows; dE's first words also to w1; one more program updates the two gains from dgain."""
     tu = ctx.tu
     g0, g1 = GAINS
-    return triton_launch("plan.kernels.embed_grad", "embed_grad", (cdiv(ctx.V, tu.vocab_block) + 1,),
+    return triton_launch("plan.kernels.embed_grad", "embed_grad",
+                         (cdiv(ctx.V, tu.vocab_block) + 1,),
                          {"ids_ptr": ids, "next_ptr": next_row, "de_ptr": de,
                           "e_ptr": ctx.param("embed"), "gain0_ptr": ctx.param(g0),
                           "gain1_ptr": ctx.param(g1), "dgain_ptr": ctx.buf("dgain"), "w1_ptr": w1,

@@ -128,7 +128,8 @@ def weight_grad(ctx: Context, *, products, dy, x, rstd, g, dx, dx16, dg, has_gai
     return triton_launch("plan.kernels.weight_grad", "weight_grad", (programs,), args,
                          {"PRODUCTS": len(products), "HAS_GAIN": has_gain, "ACCUMULATE": accumulate,
                           "DY_PARTS": tu.dn_splits, "D": D, **learner_constexprs(ctx.p),
-                          "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": tu.mm_block_k, "GROUP_M": GROUP_M,
+                          "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": tu.mm_block_k,
+                          "GROUP_M": GROUP_M,
                           "BLOCK_R": rows, "BLOCK_D": next_pow2(D), "GAIN_ROWS": tu.gain_rows,
                           "GAIN_COLS": cols},
                          num_warps=num_warps, num_stages=num_stages, label=label)

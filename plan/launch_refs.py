@@ -102,7 +102,7 @@ class LayerRefs:
     h16_mlp: BufferRef
     rstd_attn: BufferRef        # 1/rms per row (T,)
     rstd_mlp: BufferRef
-    ssq_attn: BufferRef         # per-row partial Σx² of resid_attn (parts, T), written by its producer
+    ssq_attn: BufferRef         # per-row partial Σx² of resid_attn (parts, T), by its producer
     ssq_mlp: BufferRef
     ssq_out: BufferRef
     qkv16: BufferRef            # q'|k'|v after rotary (T, W) bf16

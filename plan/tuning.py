@@ -44,7 +44,7 @@ class Tuning:
     swiglu_bwd_tiles: tuple[tuple[int, int], ...] = ()   # SwiGLU-backward tiles ((): mm_tiles)
     dw_tile: tuple[int, int] = (128, 128)        # weight-gradient tiles (AdamW in the epilogue)
     dn_splits: int = 1                           # K splits of the products into a norm backward
-    dw_rows: int = 0                             # norm rows per program beside the dW tiles (0: rows)
+    dw_rows: int = 0                             # norm rows per program beside dW tiles (0: rows)
 
 
 H200 = Tuning(mm_tiles=((128, 128), (128, 64), (64, 64)), mm_min_programs=120, mm_block_k=64,
@@ -52,7 +52,8 @@ H200 = Tuning(mm_tiles=((128, 128), (128, 64), (64, 64)), mm_min_programs=120, m
               # attention split (docs/PERFORMANCE.md, issue 14): ≤ 4 kv blocks per forward program
               # (320 programs ≤ 528 slots at 4 per SM), ≤ 5 trips per dK/dV program (244 ≤ 264)
               attn_fwd_chunk=4, attn_bwd_chunk=5,
-              ce_rows=1, ce_warps=16, adamw_block=2048, adamw_warps=8, vocab_block=16, vocab_warps=8,
+              ce_rows=1, ce_warps=16, adamw_block=2048, adamw_warps=8, vocab_block=16,
+              vocab_warps=8,
               # 128 rows per gain-column trip: 8 unprefetched trips on its chain instead of 16
               gain_cols=32, gain_rows=128,
               # 128×128 spilled 360 B (ptxas -v: 255 registers, the epilogue holds dz, a, b, σ);

@@ -218,13 +218,15 @@ class FakeDriver:
 
         def run():
             if f in ("release", "release_stage_in"):
-                ptrs = (ctypes.c_void_p * (4 if f == "release_stage_in" else 2)).from_address(record[4])
+                n = 4 if f == "release_stage_in" else 2
+                ptrs = (ctypes.c_void_p * n).from_address(record[4])
                 doorbell, slot = (ctypes.c_uint64.from_address(ptrs[i]).value for i in range(2))
                 seq = ctypes.c_uint32.from_address(self.to_host(doorbell)).value
                 if f == "release_stage_in":           # 8 KiB record, then the doorbell
                     src, dst = (ctypes.c_uint64.from_address(ptrs[i]).value for i in (2, 3))
                     ctypes.memmove(self.to_host(dst), self.to_host(src), SL.INPUT_RECORD_BYTES)
-                    ctypes.c_uint32.from_address(self.to_host(dst) + SL.INPUT_RECORD_BYTES).value = seq
+                    doorbell_copy = self.to_host(dst) + SL.INPUT_RECORD_BYTES
+                    ctypes.c_uint32.from_address(doorbell_copy).value = seq
                 base = self.to_host(slot)
                 ctypes.c_uint64.from_address(base + 8).value = time.time_ns()
                 ctypes.c_uint32.from_address(base + 4).value = 0

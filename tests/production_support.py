@@ -1315,8 +1315,9 @@ class _Learner:
     def update(cls, case, key: str, g: np.ndarray, decayed: bool):
         """The reference learner's (P, M, V) for planes `key` and gradient g (flat)."""
         n = g.size
+        one = types.SimpleNamespace(offset=0, end=n, decay=decayed)
         prof = types.SimpleNamespace(parameter_count=n, learner=case.profile.learner,
-                                     parameters=[types.SimpleNamespace(offset=0, end=n, decay=decayed)])
+                                     parameters=[one])
         d = case.data
         return ref.adamw(prof, d[key + "P"], d[key + "M"], d[key + "V"],
                          np.ascontiguousarray(g, np.float32).reshape(-1), cls.T_BASE + cls.DOORBELL)
@@ -1367,7 +1368,8 @@ class _EmbedGrad:
         D, bv, w1 = case.const("D", "BLOCK_V", "W1_WORDS")
         if pid == cdiv(V, bv):
             for i, g in enumerate(("gain0_ptr", "gain1_ptr")):
-                for name, want in zip("PMV", _Learner.update(case, g, case.data["dgain_ptr"][i], False)):
+                new = _Learner.update(case, g, case.data["dgain_ptr"][i], False)
+                for name, want in zip("PMV", new):
                     yield g + name, (slice(0, D),), want
             return
         rows = _block(pid, bv, V)
@@ -1440,9 +1442,10 @@ class _WeightGrad:
                     _Learner.planes(case, f"p{j}_ptr", r.start * N, (r.stop - r.start) * N, key)
         x = _norm_inputs(case, T, D)
         if has_gain:
-            gain = case.input("g_ptr", values=1 + 0.1 * case.rng.standard_normal(D, dtype=np.float32))
-            case.cache["dg"] = ref.final_norm_backward(case.data["dy"], x * case.data["rstd_ptr"][:, None],
-                                                       case.data["rstd_ptr"], gain)[1]
+            gain = case.input("g_ptr",
+                              values=1 + 0.1 * case.rng.standard_normal(D, dtype=np.float32))
+            r = case.data["rstd_ptr"]
+            case.cache["dg"] = ref.final_norm_backward(case.data["dy"], x * r[:, None], r, gain)[1]
             case.output("dg_ptr", (D,), T_GAIN_SUM)
         if acc:
             case.input("dx_ptr", (T, D))

@@ -141,11 +141,13 @@ def test_stage_in_copies_the_layouts_record_into_staged():
 
     from plan import launch_builders
     from plan.buffers import STAGED_DOORBELL, STAGED_INPUTS, STAGED_TARGETS, STAGED_WORDS
-    ptx = (Path(__file__).resolve().parents[1] / "plan" / "kernels" / "release_stage_in.ptx").read_text()
+    kernels = Path(__file__).resolve().parents[1] / "plan" / "kernels"
+    ptx = (kernels / "release_stage_in.ptx").read_text()
     threads = int(re.search(r"\.reqntid (\d+)", ptx).group(1))
     assert threads == launch_builders.STAGE_IN_WARPS * 32
     assert threads * 2 * 16 == SL.INPUT_RECORD_BYTES == SL.INPUTS_BYTES + SL.TARGETS_BYTES
-    assert re.search(rf"ld\.relaxed\.sys\.global\.v4\.u32\s+\{{[^}}]*\}}, \[%rd10\+{SL.INPUTS_BYTES}\]", ptx)
+    targets = rf"ld\.relaxed\.sys\.global\.v4\.u32\s+\{{[^}}]*\}}, \[%rd10\+{SL.INPUTS_BYTES}\]"
+    assert re.search(targets, ptx)
     assert re.search(rf"st\.global\.u32\s+\[%rd8\+{SL.INPUT_RECORD_BYTES}\]", ptx)
     assert SL.INPUTS == 0 and SL.TARGETS == SL.INPUTS_BYTES             # one contiguous record
     assert (STAGED_INPUTS, STAGED_TARGETS, STAGED_DOORBELL) == (0, SL.TARGETS // 4,

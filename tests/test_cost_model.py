@@ -61,7 +61,8 @@ def test_hand_matmul_mlp_backward_dh():
     # occupancy: 108 regs × 32 = 3456 → 3584 per warp → 16384 // 3584 = 4 warps per sub-partition
     # → 16 warps → 2 blocks of 8 warps; shared (98304 + 1024) → 233472 // 99328 = 2: 2 per SM
     # (registers, the first of the equal limits).  128 programs on 264 slots: 1 round
-    assert (c.programs, c.per_sm, c.occupancy_limit, c.rounds, c.programs_per_sm) == (128, 2, "registers", 1, 1)
+    assert (c.programs, c.per_sm, c.occupancy_limit, c.rounds, c.programs_per_sm) == \
+        (128, 2, "registers", 1, 1)
     # 86 K chunks of 64 → 22 per split: 22, 22, 22, 20 trips
     assert c.serial_iterations == 22
     _close(c.flops, 2 * 1024 * 512 * 5504, "flops")
@@ -149,7 +150,8 @@ def test_hand_weight_grad_attention_half():
     _close(c.bounds_us["serial"]["central"], dw * US, "serial")
     # HBM: each product's dy and x once and 26 B per parameter element; the norm's 4 partials,
     # x, dres read and written (fp32), r, and the bf16 copy
-    hbm = (1024 * 512 * 2 * 2 + 512 * 512 * 26) + (1024 * 1024 * 2 + 1024 * 512 * 2 + 1024 * 512 * 26) \
+    hbm = (1024 * 512 * 2 * 2 + 512 * 512 * 26) \
+        + (1024 * 1024 * 2 + 1024 * 512 * 2 + 1024 * 512 * 26) \
         + 1024 * 512 * 4 * 7 + 1024 * 4 + 1024 * 512 * 2
     _close(c.hbm_bytes, hbm, "hbm bytes")                                               # 41.4 MB
     _close(c.bounds_us["hbm"]["central"], hbm / 3.8e12 * US, "hbm")                     # 10.90 µs
@@ -207,7 +209,7 @@ def test_mapped_host_memory_is_counted_where_staging_is_read():
     args = tuple((n, launches.StagingRef("INPUTS", 0, "u32") if n == "ids_ptr" else a)
                  for n, a in embed.args)
     c = cm.cost(dataclasses.replace(embed, args=args), buffers(PROD), fake_stats(PROD))
-    assert c.staging_read_bytes == 256 * (2 * 4 * 4 + 1024 * 4)              # own ids twice, all ids
+    assert c.staging_read_bytes == 256 * (2 * 4 * 4 + 1024 * 4)          # own ids twice, all ids
     # cached (optimistic): each line once; otherwise every request crosses PCIe
     assert c.bounds_us["pcie"]["optimistic"] < 1 < c.bounds_us["pcie"]["central"]
     assert costs["embed"].bounds_us["pcie"]["central"] == 0
@@ -265,7 +267,8 @@ def test_model_beside_a_measured_table(tmp_path):
     assert "Model vs measured" in text
     text = text.split("Model vs measured", 1)[1]
     line = next(ln for ln in text.splitlines() if ln.startswith("| cross_entropy |"))
-    assert "| 900 |" in line and f"{900 / costs['cross_entropy'].us['central']:.2f}" in line and "NO" in line
+    ratio = 900 / costs["cross_entropy"].us["central"]
+    assert "| 900 |" in line and f"{ratio:.2f}" in line and "NO" in line
     dh = next(ln for ln in text.splitlines() if ln.startswith("| layers.0.mlp_backward.dh |"))
     assert "| 1.00 | yes |" in dh
     bucket = next(ln for ln in text.splitlines() if ln.startswith("| matmul mlp_backward.dh |")

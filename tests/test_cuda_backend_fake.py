@@ -344,8 +344,8 @@ def test_a_static_shared_need_counts_against_the_limit(fake):
 def test_more_threads_than_the_function_allows_is_refused(fake):
     from host.backend_cuda import CudaBackend, KernelRefused
     fake(functions={"cast_bf16": {"max_threads": 128, "regs": 255}})
-    with pytest.raises(KernelRefused, match="cast_bf16_[0-9a-f]+ launches 256 threads per block, the "
-                                            "driver allows 128 at its 255 registers"):
+    with pytest.raises(KernelRefused, match="cast_bf16_[0-9a-f]+ launches 256 threads per block, "
+                                            "the driver allows 128 at its 255 registers"):
         CudaBackend(TINY)
 
 

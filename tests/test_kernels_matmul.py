@@ -159,8 +159,8 @@ def test_matmul_swiglu_is_the_mlp_stage_with_the_norm_in_its_prologue(shape):
     ab = poisoned((M, 2 * F))
     z = poisoned((M, F), torch.bfloat16)
     h16, rstd = poisoned((M, D), torch.bfloat16), poisoned((M,))
-    matmul_swiglu[_grid(M, F)](torch.from_numpy(x), _ssq(x), bf16_tensor(wg), bf16_tensor(wu), ab, z,
-                               h16, rstd, M, F, D, SSQ_PARTS=SSQ_PARTS, **BLOCKS)
+    matmul_swiglu[_grid(M, F)](torch.from_numpy(x), _ssq(x), bf16_tensor(wg), bf16_tensor(wu), ab,
+                               z, h16, rstd, M, F, D, SSQ_PARTS=SSQ_PARTS, **BLOCKS)
     assert_written("ab", ab)
     assert_written("z", z)
     _check_prologue(h16, rstd, x)
@@ -212,8 +212,8 @@ def test_matmul_rotary_is_qkv_then_rotary(Tr, Dm, H, G, bn):
     rope = torch.from_numpy(np.concatenate([cos, sin], axis=1))
     out = poisoned((Tr, W), torch.bfloat16)
     h16, rstd = poisoned((Tr, Dm), torch.bfloat16), poisoned((Tr,))
-    matmul_rotary[(cdiv(Tr, 128) * cdiv(W, bn),)](torch.from_numpy(x), _ssq(x, 1), bf16_tensor(w), out,
-                                                  rope, h16, rstd, Tr, W, Dm, SSQ_PARTS=1,
+    matmul_rotary[(cdiv(Tr, 128) * cdiv(W, bn),)](torch.from_numpy(x), _ssq(x, 1), bf16_tensor(w),
+                                                  out, rope, h16, rstd, Tr, W, Dm, SSQ_PARTS=1,
                                                   ROTATED=H + G, HEAD_DIM=d, BLOCK_M=128,
                                                   BLOCK_N=bn, BLOCK_K=32, GROUP_M=2)
     assert_written("qkv16", out)

@@ -122,7 +122,8 @@ def test_embed_fwd_is_the_embed_stage_and_writes_the_rotary_table_and_links(shap
     width, got_x = next_pow2(D) // parts, f32(x)                 # the sums are of what it stored
     for c in range(parts):
         cols = got_x[:, c * width:(c + 1) * width]
-        assert_close(f"ssq part {c}", f32(ssq[c * T:(c + 1) * T]), (cols * cols).sum(1), ELEMENTWISE)
+        assert_close(f"ssq part {c}", f32(ssq[c * T:(c + 1) * T]), (cols * cols).sum(1),
+                     ELEMENTWISE)
     assert_unwritten("embed_fwd's rope rows past T", rope[T:])
     assert_unwritten("embed_fwd's links past T", nxt[T:])
     assert_bitwise("next-row links", nxt[:T].numpy(), _next_rows(ids))
@@ -254,7 +255,7 @@ def _embed_grad(s: Rows, ids, nxt, de, dgain, w1_words: int):
               np.abs(1e-6 * RNG.standard_normal(n)).astype(np.float32)]
     pmv = _t(np.concatenate(before))
     g0, g1 = V * D + GAP, V * D + 2 * GAP + D
-    w1 = poisoned((w1_words + 5,))                                # words past the window stay unwritten
+    w1 = poisoned((w1_words + 5,))                                # words past the window: unwritten
     embed_grad[(cdiv(V, VOCAB_BLOCK) + 1,)](
         _t(ids.view(np.int32)), nxt, de, pmv, pmv[g0:], pmv[g1:], _t(dgain), w1,
         torch.tensor([DOORBELL], dtype=torch.int32), T_BASE, s.T, V, n, D=D, W1_WORDS=w1_words,
@@ -288,7 +289,8 @@ def test_embed_grad_sums_rows_in_order_and_applies_adamw(shape):
     before, after, w1, (g0, g1) = _embed_grad(s, ids, nxt, _t(de), dgain, s.w1_words)
     want = np.zeros((V, D), np.float32)
     np.add.at(want, ids.astype(np.int64), de)                     # sequential: increasing rows
-    assert_bitwise("w1 vs the in-order row sums", f32(w1)[:s.w1_words], want.reshape(-1)[:s.w1_words])
+    assert_bitwise("w1 vs the in-order row sums", f32(w1)[:s.w1_words],
+                   want.reshape(-1)[:s.w1_words])
     assert_unwritten("embed_grad's w1 past its window", w1[s.w1_words:])
     # E: today's adamw on the in-order sums (absent ids: g = 0, decay and moment decay)
     E = slice(0, V * D)
@@ -296,7 +298,8 @@ def test_embed_grad_sums_rows_in_order_and_applies_adamw(shape):
         assert_bitwise(f"E's {name} vs today's adamw on dE", got[E], wnt)
     for i, off in enumerate((g0, g1)):                            # the gains: not decayed
         sl = slice(off, off + D)
-        for name, got, wnt in zip("PMV", after, _adamw_oracle(dgain[i], *(b[sl] for b in before), False)):
+        oracle = _adamw_oracle(dgain[i], *(b[sl] for b in before), False)
+        for name, got, wnt in zip("PMV", after, oracle):
             assert_bitwise(f"gain {i} {name} vs today's adamw", got[sl], wnt)
     rest = np.ones(before[0].size, bool)
     rest[E] = rest[g0:g0 + D] = rest[g1:g1 + D] = False

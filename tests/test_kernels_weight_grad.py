@@ -100,7 +100,8 @@ def test_weight_grad_adamw_is_todays_update_and_the_norm_rows_are_rmsnorm_backwa
     tiles = sum(cdiv(M, 32) * cdiv(N, 32) for M, N in prods)
     grid = (tiles + cdiv(T, 16) + (cdiv(D, 32) if gained else 0),)
     weight_grad[grid](*ptrs, torch.from_numpy(parts), torch.from_numpy(xn), torch.from_numpy(r),
-                      torch.from_numpy(gain), dx, dx16, dg, torch.tensor([DOORBELL], dtype=torch.int32),
+                      torch.from_numpy(gain), dx, dx16, dg,
+                      torch.tensor([DOORBELL], dtype=torch.int32),
                       T_BASE, M0, N0, M1, N1, T, n, PRODUCTS=len(prods), HAS_GAIN=gained,
                       ACCUMULATE=not gained, DY_PARTS=2, D=D, **LEARNER, **BLOCKS, **NORM,
                       BLOCK_D=next_pow2(D))
@@ -169,5 +170,6 @@ def test_split_k_partials_sum_in_order_to_the_product(case):
     chunks, per = cdiv(K, 32), cdiv(cdiv(K, 32), S)
     for s in range(S):                                   # each partial is its own K range
         lo, hi = min(K, s * per * 32), min(K, (s + 1) * per * 32)
-        want = ref.bf16(a[:, lo:hi]) @ ref.bf16(b[lo:hi]) if hi > lo else np.zeros((M, N), np.float32)
+        want = (ref.bf16(a[:, lo:hi]) @ ref.bf16(b[lo:hi]) if hi > lo
+                else np.zeros((M, N), np.float32))
         assert_close(f"partial {s} of {chunks} blocks", parts[s], want, SAME_OPERANDS)

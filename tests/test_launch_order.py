@@ -11,7 +11,8 @@ from plan import launches, profiles
 # the parameters a launch updates: (function, pointer argument) → the P-plane pointer of the
 # first parameter; weight_grad's products cover M·N elements from there (adjacent parameters)
 WRITES = {"weight_grad": (("p0_ptr", "M0", "N0"), ("p1_ptr", "M1", "N1")),
-          "embed_grad": (("e_ptr", None, None), ("gain0_ptr", None, None), ("gain1_ptr", None, None))}
+          "embed_grad": (("e_ptr", None, None), ("gain0_ptr", None, None),
+                         ("gain1_ptr", None, None))}
 
 
 def _param_at(prof, offset: int):
@@ -63,15 +64,16 @@ def test_every_parameter_updated_once_after_its_last_reader(name):
     for i, launch in enumerate(update):
         written, reads = _updates_and_reads(prof, launch)
         for q in written:
-            assert q not in updated_at, f"{q} updated twice: {update[updated_at[q]].label}, {launch.label}"
+            assert q not in updated_at, \
+                f"{q} updated twice: {update[updated_at[q]].label}, {launch.label}"
             updated_at[q] = i
         for q in reads:
             last_read[q] = i
     assert set(updated_at) == {q.name for q in prof.parameters}, \
         f"never updated: {sorted({q.name for q in prof.parameters} - set(updated_at))}"
     for q, i in updated_at.items():
-        assert last_read.get(q, -1) < i, (f"{q} is read by {update[last_read[q]].label} at or after "
-                                          f"its update in {update[i].label}")
+        assert last_read.get(q, -1) < i, (f"{q} is read by {update[last_read[q]].label} at or "
+                                          f"after its update in {update[i].label}")
 
 
 @pytest.mark.parametrize("name", profiles.names())

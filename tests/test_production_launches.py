@@ -185,7 +185,8 @@ def test_weight_grad_program_mapping_is_the_kernels():
             "p0_ptr": ref_("pmv", off0), "h0_ptr": ref_("w16", off0, "bf16"),
             "a1_ptr": ref_("a1", 0, "bf16"), "b1_ptr": ref_("b1", 0, "bf16"),
             "p1_ptr": ref_("pmv", off1), "h1_ptr": ref_("w16", off1, "bf16"),
-            **{f"{k}_ptr": ref_(k, 0, specs[k].dtype) for k in ("dy", "x", "rstd", "g", "dx", "dx16")},
+            **{f"{k}_ptr": ref_(k, 0, specs[k].dtype)
+               for k in ("dy", "x", "rstd", "g", "dx", "dx16")},
             "dg_ptr": ref_("dg", D), "doorbell_ptr": ref_("staged", 1, "u32"),
             "t_base": launches.RunScalar("t_base", "i64")}
     args |= {k: launches.Scalar("i32", v) for k, v in

@@ -176,7 +176,8 @@ def build(out: Path, profile_names, target_names, jobs: int) -> list[Path]:
             for launch in launches.kernels(profiles.get(pname)).values():
                 if launch.function in launches.HAND_WRITTEN:
                     record = hand_record(launch)
-                    record["sha256"] = write_ptx(d / record["file"], hand_ptx(launch.function, target))
+                    text = hand_ptx(launch.function, target)
+                    record["sha256"] = write_ptx(d / record["file"], text)
                     written.append(d / record["file"])
                     manifest["kernels"][launch.kernel] = record
             for (p, t, entry), (ptx, record) in sorted(results.items()):

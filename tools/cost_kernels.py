@@ -411,7 +411,8 @@ def _norm_rows(D, R, gain, acc, bf16, parts=1) -> Step:
     """dy (its `parts` split-K partials), x, r (and g, and the dx accumulated into) in; dx (and
     bf(dx)) out; a row reduction."""
     rows = R * D * 4
-    return Step(load_bytes=(parts + 1) * rows + R * 4 + (D * 4 if gain else 0) + (rows if acc else 0),
+    return Step(load_bytes=(parts + 1) * rows + R * 4 + (D * 4 if gain else 0)
+                + (rows if acc else 0),
                 store_bytes=rows + (R * D * 2 if bf16 else 0), alu_ops=(7 + parts) * R * D,
                 mufu_ops=R, phases=1, hbm_trips=1)
 
@@ -463,7 +464,8 @@ def _cross_entropy(v: View) -> Work:
                 l2_trips=0 if staged else 1)
     targets = ((Staging("targets_ptr", read_bytes=T * 4, read_requests=v.programs,
                         unique_bytes=T * 4),) if staged else ())
-    return Work((uniform(v.programs, 1, step),), hbm_bytes=T * V * (4 + 2) + (0 if staged else T * 4),
+    return Work((uniform(v.programs, 1, step),),
+                hbm_bytes=T * V * (4 + 2) + (0 if staged else T * 4),
                 staging=targets + (Staging("loss_ptr", write_bytes=T * 4),
                                    Staging("w0_ptr", write_bytes=T * 4)))
 
@@ -517,7 +519,8 @@ def _embed_grad(v: View) -> Work:
     ids = ((Staging("ids_ptr", read_bytes=P * T * 4, read_requests=P * lines(T * 4),
                     unique_bytes=T * 4),) if ids_staged else ())
     return Work((Programs(trips, trip, fixed), gains),
-                hbm_bytes=T * D * 4 + T * 4 + T * 4 + V * D * 2 * _PMV_BYTES + g * (4 + 2 * _PMV_BYTES),
+                hbm_bytes=T * D * 4 + T * 4 + T * 4 + V * D * 2 * _PMV_BYTES
+                + g * (4 + 2 * _PMV_BYTES),
                 extra_l2_bytes=missing_rows * (D * 4 + 4),
                 staging=ids + staged + (Staging("w1_ptr", write_bytes=w1),))
 
@@ -570,7 +573,8 @@ def _release(v: View) -> Work:
     # fence.acq_rel.sys (a host round trip), 16 B out
     staged = "doorbell_ptr" in v.staging_args()
     step = Step(staging_trips=2 if staged else 1, l2_trips=0 if staged else 1)
-    doorbell = (Staging("doorbell_ptr", read_bytes=4, read_requests=1, unique_bytes=4),) if staged else ()
+    doorbell = ((Staging("doorbell_ptr", read_bytes=4, read_requests=1, unique_bytes=4),)
+                if staged else ())
     return Work((uniform(v.programs, 1, step),), hbm_bytes=0,
                 staging=doorbell + (Staging("slot_ptr", write_bytes=16),))
 

@@ -8,10 +8,11 @@ so `h @ Wᵀ` is (A_T=0, B_T=1), `dY @ W` is (0, 0) and the weight gradient `dY�
 `matmul_swiglu` computes the gate and up products of one tile together and applies SwiGLU;
 `matmul_rotary` is the qkv product with rotary in its epilogue (bf16 q'|k'|v out, no fp32 scratch).
 These two take the fp32 residual rows and apply rmsnorm in their prologue (no rmsnorm_fwd launch;
-the head reads the bf16 output of the final norm's row launch instead, plan/kernels/norms.py): r comes from the per-row partial sums of squares the
-residual's producer wrote (`matmul_residual` — out_proj, mlp down — and embed_fwd: one per column
-tile, added in order), then each A chunk is scaled and rounded as it loads: the fp32 rows are read
-once per column tile; the first column tile also stores h16 and rstd.
+the head reads the bf16 output of the final norm's row launch instead, plan/kernels/norms.py):
+r comes from the per-row partial sums of squares the residual's producer wrote
+(`matmul_residual` — out_proj, mlp down — and embed_fwd: one per column tile, added in order),
+then each A chunk is scaled and rounded as it loads: the fp32 rows are read once per column tile;
+the first column tile also stores h16 and rstd.
 `matmul_delta` is out_proj_backward's dO product that also forms delta = rowsum(dO·o) per head.
 The epilogues fuse what used to be separate launches with the same fp32 operations in the same
 order, so the rounding points of NUMERICS.md do not move.
@@ -194,7 +195,8 @@ def matmul_residual(a_ptr, b_ptr, x_ptr, out_ptr, ssq_ptr, M, N, K,
 
 @triton.jit
 def matmul_swiglu(x_ptr, ssq_ptr, wg_ptr, wu_ptr, ab_ptr, z_ptr, h16_ptr, rstd_ptr, M, N, K,
-                  SSQ_PARTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  SSQ_PARTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr,
                   GROUP_M: tl.constexpr):
     """h = rmsnorm(x) in the prologue (x (M, K) fp32; the first column tile stores h16 and rstd);
     a = bf(h) @ bf(Wgate)ᵀ, b = bf(h) @ bf(Wup)ᵀ (M, N); ab = [a | b] (M, 2N) fp32; z = bf(silu(a)·b)."""
