@@ -1,2 +1,2 @@
-"""The host: driver wrapper, submission ring, run loop and command line."""
+"""The host: driver wrapper, backends, submission ring, run loop, publisher and command line."""
 __version__ = "0.1.0"

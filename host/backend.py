@@ -2,7 +2,9 @@
 
 Two backends implement it: `cuda` (host/backend_cuda.py, the production driver path) and
 `interpret` (host/backend_interpret.py, the same launch lists run by Triton's interpreter on the CPU).
-The run loop never knows which one it drives; base methods raise NotImplementedError.
+The run loop never knows which one it drives.  The base owns the shared rules (the transfer
+window's chunk bounds, the device-buffer poison, launch-argument resolution); a backend writes only
+its primitives (`_upload_chunk`, `_buffer_arg`, ...), which raise NotImplementedError here.
 
 Protocol for one issue (SPEC §7), shared by both backends:
   host writes the input record and the doorbell (sequence number) into staging,
@@ -14,7 +16,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
+from plan import launches
+from plan.buffers import buffers as plan_buffers
+from staging import layout as SL
+
 from .errors import UserError
+
+BUFFER_POISON = 0xFF            # every device buffer starts as NaN bytes: an unwritten read shows
+
+
+def window_chunks(nbytes: int):
+    """(offset, size) of each transfer-window chunk covering bytes [0, nbytes), in order."""
+    for offset in range(0, nbytes, SL.TRANSFER_WINDOW_BYTES):
+        yield offset, min(SL.TRANSFER_WINDOW_BYTES, nbytes - offset)
 
 
 class DeviceError(RuntimeError):
@@ -44,13 +60,31 @@ class Backend:
     # staging.views.StagingViews over the backend's staging region (mapped memory on cuda)
     staging = None
 
+    def __init__(self, profile):
+        self.profile = profile
+        self.buffers: dict = {}   # plan/buffers.py name -> the backend's device buffer
+
+    def allocate_buffers(self) -> None:
+        """Every device buffer of plan/buffers.py, filled with BUFFER_POISON, complete on return."""
+        for name, spec in plan_buffers(self.profile).items():
+            self.buffers[name] = self._alloc(spec, BUFFER_POISON)
+        self.synchronize()
+
+    def _alloc(self, spec, fill: int):
+        """One device buffer of `spec.nbytes`, every byte set to `fill` (may complete later)."""
+        raise NotImplementedError
+
     def device(self) -> DeviceInfo:
         raise NotImplementedError
 
-    @staticmethod
-    def scalar_value(arg, t_base: int):
-        """A launch's scalar argument: a constant, or a run scalar (`t_base`, NUMERICS.md)."""
-        from plan import launches
+    # ---- launch arguments: device buffers and staging by the backend, scalars here
+    def resolve(self, arg, t_base: int):
+        """A launch argument as the backend passes it: a buffer or staging address, or a scalar
+        (a constant, or a run scalar: `t_base`, NUMERICS.md)."""
+        if isinstance(arg, launches.BufferRef):
+            return self._buffer_arg(arg)
+        if isinstance(arg, launches.StagingRef):
+            return self._staging_arg(arg)
         if isinstance(arg, launches.Scalar):
             return arg.value
         if isinstance(arg, launches.RunScalar):
@@ -59,13 +93,43 @@ class Backend:
             return int(t_base)
         raise TypeError(f"unknown launch argument {arg!r}")
 
+    def _buffer_arg(self, ref):
+        raise NotImplementedError
+
+    def _staging_arg(self, ref):
+        raise NotImplementedError
+
     # ---- payload: P plane, M plane, V plane (fp32), one contiguous device buffer ----
+    def check_chunk(self, offset: int, nbytes: int) -> None:
+        """A chunk must lie inside the payload and fit the transfer window."""
+        total = self.profile.payload_bytes
+        if nbytes > SL.TRANSFER_WINDOW_BYTES or offset < 0 or offset + nbytes > total:
+            raise ValueError(f"chunk [{offset}, {offset + nbytes}) outside the payload ({total} "
+                             "bytes) or larger than the transfer window")
+
     def upload_chunk(self, offset: int, nbytes: int) -> None:
         """Copy nbytes from the staging transfer window to payload bytes [offset, offset+nbytes)."""
-        raise NotImplementedError
+        self.check_chunk(offset, nbytes)
+        self._upload_chunk(offset, nbytes)
 
     def download_chunk(self, offset: int, nbytes: int) -> None:
         """Copy payload bytes [offset, offset+nbytes) into the staging transfer window."""
+        self.check_chunk(offset, nbytes)
+        self._download_chunk(offset, nbytes)
+
+    def upload_payload(self, data: np.ndarray) -> None:
+        """The whole payload through the transfer window: `data` (uint8) first, zeros after it."""
+        transfer = self.staging.transfer
+        for offset, n in window_chunks(self.profile.payload_bytes):
+            k = min(n, max(0, data.size - offset))                   # bytes of data in this chunk
+            transfer[:k] = data[offset:offset + k]
+            transfer[k:n] = 0
+            self.upload_chunk(offset, n)
+
+    def _upload_chunk(self, offset: int, nbytes: int) -> None:
+        raise NotImplementedError
+
+    def _download_chunk(self, offset: int, nbytes: int) -> None:
         raise NotImplementedError
 
     # ---- snapshot: publish a checkpoint while training goes on ----
@@ -78,6 +142,10 @@ class Backend:
 
     def download_snapshot_chunk(self, offset: int, nbytes: int) -> None:
         """Like download_chunk, from the snapshot; may be called from another thread."""
+        self.check_chunk(offset, nbytes)
+        self._download_snapshot_chunk(offset, nbytes)
+
+    def _download_snapshot_chunk(self, offset: int, nbytes: int) -> None:
         raise NotImplementedError
 
     # ---- submissions ----
@@ -98,6 +166,10 @@ class Backend:
 
     def synchronize(self) -> None:
         raise NotImplementedError
+
+    def abandon(self, reason: str) -> None:
+        """Something may still touch the backend's memory (a thread, the device): close() must
+        free nothing.  Host memory is garbage-collected, so only the cuda backend acts on it."""
 
     def close(self) -> None:
         pass

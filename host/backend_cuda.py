@@ -1,15 +1,20 @@
 """The cuda backend: the plan's launch lists on an NVIDIA GPU through the driver API.
 
-Only runtime dependencies (cuda-python, numpy, cffi): no Triton, no torch.  PTX comes from
+Only runtime dependencies (cuda-bindings, numpy, cffi): no Triton, no torch.  PTX comes from
 `kernels_ptx/<profile>/<target>/` (the target chosen by compute capability: 9.0 → sm_90a,
-≥ 8.0 → sm_80, else refused); the driver's JIT loads it.  Staging is the 8 MiB pinned region mapped
-into the device; every device buffer of plan/buffers.py is one cuMemAlloc.  Each submission is
-captured once into a CUDA graph and issued by one cuGraphLaunch.
+≥ 8.0 → sm_80, else refused); the driver's JIT loads every module first, and a kernel the device
+cannot launch as its manifest asks (shared memory, threads per block) is refused before any memory
+is allocated.  Staging is the 8 MiB pinned region mapped into the device; every device buffer of
+plan/buffers.py is one cuMemAlloc.  Each submission is captured once into a CUDA graph and issued
+by one cuGraphLaunch.  Closing waits a bounded time for issued work; what the GPU may still touch
+after that is never freed (process exit frees it).
 """
 from __future__ import annotations
 
+import time
+import warnings
+
 from plan import launches as _launches
-from plan.buffers import buffers as _buffers
 from staging import layout as SL
 from staging import records as R
 from staging.views import StagingViews, poison
@@ -17,6 +22,43 @@ from staging.views import StagingViews, poison
 from . import driver as drv
 from . import ptx
 from .backend import Backend, BackendUnavailable, DeviceError, DeviceInfo
+
+DRAIN_TIMEOUT_S = 10.0      # close waits this long for issued work before leaving memory to exit
+DRAIN_POLL_S = 1e-3
+REFUSALS_SHOWN = 4          # kernels named in a refusal; the rest are counted
+SHARED_HINT = ("the sm_80 kernels need up to 147,456 B of shared memory per block: an A100 (cc 8.0) "
+               "or an H100/H200 (cc 9.0) runs them, cc 8.6/8.9/12.0 GPUs allow about 99 KiB "
+               "(README: which GPUs run)")
+THREADS_HINT = ("the JIT gave it more registers than that many threads can hold; "
+                "`coppelius doctor` lists the registers per function")
+
+
+class KernelRefused(BackendUnavailable):
+    """The device cannot launch a kernel as its manifest asks."""
+
+
+def refuse_unfit(kernels: dict, device) -> None:
+    """Refuse, before any work, the kernels this device cannot launch as their manifests ask:
+    more shared memory per block than the device's opt-in limit, or more threads per block than
+    the driver allows the function."""
+    problems, hints = [], []
+    for k in kernels.values():
+        a = k.attributes
+        if k.shared_per_block > device.shared_optin:
+            problems.append(f"{k.name} needs {k.shared_per_block:,} B of shared memory per block, "
+                            f"the limit is {device.shared_optin:,} B")
+            hints.append(SHARED_HINT)
+        if k.threads > a.max_threads:
+            problems.append(f"{k.name} launches {k.threads} threads per block, the driver allows "
+                            f"{a.max_threads} at its {a.registers} registers")
+            hints.append(THREADS_HINT)
+    if problems:
+        more = len(problems) - REFUSALS_SHOWN
+        shown = "; ".join(problems[:REFUSALS_SHOWN]) + (f"; and {more} more" if more > 0 else "")
+        cc = device.compute_capability
+        raise KernelRefused(f"{device.name} (compute capability {cc // 10}.{cc % 10}) cannot run "
+                            f"{len(problems)} kernel launch shape(s): {shown}",
+                            "; ".join(dict.fromkeys(hints)))
 
 
 def choose_target(compute_capability: int) -> str:
@@ -35,28 +77,31 @@ class CudaBackend(Backend):
     code = R.BACKEND_CUDA
 
     def __init__(self, profile, device: drv.Device | None = None):
-        self.profile = profile
+        super().__init__(profile)
         self._closers = []
+        self._graphs: list[drv.Graph] = []
+        self._snapshot: drv.DeviceBuffer | None = None
+        self._copy_stream: drv.Stream | None = None
         self.dev = device or drv.Device()
         self._closers.append(self.dev)
+        self._abandoned: str | None = None
+        self.left_to_exit: list = []    # what close() did not free (the GPU may still touch it)
         try:
             self.target = choose_target(self.dev.compute_capability)
             self.manifest = ptx.Manifest.load(profile.name, self.target)
+            # every module JIT-loaded and its functions' attributes read before any allocation
+            t = time.perf_counter()
+            self.kernels = self.manifest.kernels(self._closers)
+            self.jit_s = time.perf_counter() - t
+            refuse_unfit(self.kernels, self.dev)
+            for k in self.kernels.values():
+                k.opt_in_shared()
             self.region = drv.MappedRegion(SL.REGION_BYTES)
             self._closers.append(self.region)
             poison(self.region.array)
             self.staging = StagingViews(self.region.array, profile)
-            self.buffers: dict[str, drv.DeviceBuffer] = {}
-            for name, spec in _buffers(profile).items():
-                b = drv.DeviceBuffer(spec.nbytes)
-                self._closers.append(b)
-                # poison: NaN in every float buffer, so a kernel reading an unwritten value shows
-                drv.memset_d8(b.ptr, 0xFF, spec.nbytes, self.dev.stream)
-                self.buffers[name] = b
-            self.dev.synchronize()
-            self.kernels = self.manifest.kernels(self._closers)
+            self.allocate_buffers()
             self._submissions = _launches.submissions(profile)
-            self._graphs: list[drv.Graph] = []
         except BaseException:
             self.close()
             raise
@@ -65,50 +110,48 @@ class CudaBackend(Backend):
         return DeviceInfo(self.dev.name, self.dev.compute_capability, self.dev.driver_version,
                           self.target)
 
-    # ---- payload through the transfer window (synchronous: the window is reused per chunk)
-    def _check_chunk(self, offset: int, nbytes: int) -> None:
-        total = self.buffers["pmv"].nbytes
-        if nbytes > SL.TRANSFER_WINDOW_BYTES or offset < 0 or offset + nbytes > total:
-            raise ValueError(f"chunk [{offset}, {offset + nbytes}) outside the payload ({total} "
-                             "bytes) or larger than the transfer window")
+    def _alloc(self, spec, fill: int) -> drv.DeviceBuffer:
+        b = drv.DeviceBuffer(spec.nbytes)
+        self._closers.append(b)
+        drv.memset_d8(b.ptr, fill, spec.nbytes, self.dev.stream)
+        return b
 
-    def upload_chunk(self, offset: int, nbytes: int) -> None:
-        self._check_chunk(offset, nbytes)
+    # ---- payload through the transfer window (synchronous: the window is reused per chunk;
+    # bounds checked by the base)
+    def _upload_chunk(self, offset: int, nbytes: int) -> None:
         drv.memcpy_htod(self.buffers["pmv"].ptr + offset, self.region.host_ptr + SL.TRANSFER_WINDOW,
                         nbytes, self.dev.stream)
         self.dev.synchronize()
 
-    def download_chunk(self, offset: int, nbytes: int) -> None:
-        self._check_chunk(offset, nbytes)
+    def _download_chunk(self, offset: int, nbytes: int) -> None:
         drv.memcpy_dtoh(self.region.host_ptr + SL.TRANSFER_WINDOW, self.buffers["pmv"].ptr + offset,
                         nbytes, self.dev.stream)
         self.dev.synchronize()
 
     # ---- snapshot for publication while training goes on (one extra payload on the device)
     def snapshot(self) -> None:
-        if getattr(self, "_snapshot", None) is None:
+        if self._snapshot is None:
             self._snapshot = drv.DeviceBuffer(self.buffers["pmv"].nbytes)
             self._closers.append(self._snapshot)
-            self._copy_stream = self.dev.new_stream()
+            self._copy_stream = drv.Stream()
+            self._closers.append(self._copy_stream)
         # on the submission stream, after the update that was just fenced; ~0.25 ms for 692 MB
         drv.memcpy_dtod(self._snapshot.ptr, self.buffers["pmv"].ptr, self._snapshot.nbytes,
                         self.dev.stream)
         self.dev.synchronize()
 
-    def download_snapshot_chunk(self, offset: int, nbytes: int) -> None:
-        self._check_chunk(offset, nbytes)
+    def _download_snapshot_chunk(self, offset: int, nbytes: int) -> None:
         self.dev.make_current()
         drv.memcpy_dtoh(self.region.host_ptr + SL.TRANSFER_WINDOW, self._snapshot.ptr + offset,
                         nbytes, self._copy_stream)
-        drv.check(drv.cu().cuStreamSynchronize(self._copy_stream), "cuStreamSynchronize")
+        self._copy_stream.synchronize()
 
-    # ---- launch lists
-    def resolve(self, arg, t_base: int):
-        if isinstance(arg, _launches.BufferRef):
-            return self.buffers[arg.buffer].ptr + arg.byte_offset
-        if isinstance(arg, _launches.StagingRef):
-            return self.region.device_ptr + arg.offset
-        return self.scalar_value(arg, t_base)
+    # ---- launch lists (scalars resolved by the base)
+    def _buffer_arg(self, ref) -> int:
+        return self.buffers[ref.buffer].ptr + ref.byte_offset
+
+    def _staging_arg(self, ref) -> int:
+        return self.region.device_ptr + ref.offset
 
     def packed(self, launch, t_base: int):
         kernel = self.kernels[launch.kernel]
@@ -116,7 +159,7 @@ class CudaBackend(Backend):
         # Triton's hidden trailing scratch pointers: null unless the kernel asked for scratch, then
         # per-program bytes × programs in the grid, as Triton's own launcher allocates
         programs = launch.grid[0] * launch.grid[1] * launch.grid[2]
-        for size in getattr(kernel, "scratch", ()):
+        for size in kernel.scratch:
             if size:
                 buf = drv.DeviceBuffer(size * programs)
                 self._closers.append(buf)
@@ -150,16 +193,46 @@ class CudaBackend(Backend):
     def synchronize(self) -> None:
         self.dev.synchronize()
 
+    def abandon(self, reason: str) -> None:
+        """Something may still touch device memory or staging: close() frees nothing."""
+        self._abandoned = self._abandoned or reason
+
+    def _drained(self, timeout_s: float) -> bool:
+        """Wait up to timeout_s for every stream to go idle; a faulted stream runs nothing more."""
+        streams = [s for s in (self.dev.stream, self._copy_stream) if s is not None]
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                if all(s.query() for s in streams):
+                    return True
+            except DeviceError:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(DRAIN_POLL_S)
+
     def close(self) -> None:
-        if getattr(self, "_copy_stream", None) is not None:
-            drv.cu().cuStreamDestroy(self._copy_stream)
-            self._copy_stream = None
-        for g in getattr(self, "_graphs", []):
+        """Graphs, then every allocation in reverse order, once the streams are idle; a failure is
+        reported, never raised.  Streams still busy after DRAIN_TIMEOUT_S (a fence timeout, a hung
+        kernel) or a thread still using staging: nothing is freed, process exit frees it."""
+        if not self._closers and not self._graphs:
+            return
+        if self._abandoned is None and not self._drained(DRAIN_TIMEOUT_S):
+            self._abandoned = f"the GPU is still busy {DRAIN_TIMEOUT_S:g} s after the run"
+        if self._abandoned is not None:
+            warnings.warn(f"cuda backend: {self._abandoned}: device memory, the mapped staging "
+                          "region, the modules and the context are left for process exit to free",
+                          drv.ReleaseWarning, stacklevel=2)
+            self.left_to_exit += self._graphs + self._closers   # referenced, never freed
+            self._graphs, self._closers = [], []
+            return
+        for g in self._graphs:
             g.close()
         self._graphs = []
         for c in reversed(self._closers):
             try:
                 c.close()
-            except Exception:
-                pass
+            except Exception as e:          # not a driver return: still report, keep closing
+                warnings.warn(f"closing {type(c).__name__}: {type(e).__name__}: {e}",
+                              drv.ReleaseWarning, stacklevel=2)
         self._closers = []

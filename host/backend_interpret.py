@@ -2,7 +2,8 @@
 
 Device buffers are CPU torch tensors; staging is `staging.views.allocate_host()` wrapped by
 `StagingViews`, and kernels read and write it through torch views of that numpy buffer (no
-copies).  The release launches are emulated in Python with the host clock as device time.
+copies).  The hand-written PTX launches (release, release_stage_in) are emulated in Python with
+the host clock as device time.
 This module sets TRITON_INTERPRET=1 (read when kernels are decorated, so it must run before any
 plan.kernels module is imported) and repairs, once, two Triton 3.9 interpreter defects that would
 make the interpreter disagree with the GPU:
@@ -26,7 +27,6 @@ import triton.language as tl                                # noqa: E402
 from triton.runtime import interpreter as _interp           # noqa: E402
 
 from plan import launches as _launches                      # noqa: E402
-from plan.buffers import buffers as _buffers                # noqa: E402
 from staging import layout as SL                            # noqa: E402
 from staging import records as _records                     # noqa: E402
 from staging.views import StagingViews, allocate_host       # noqa: E402
@@ -35,7 +35,6 @@ from .backend import Backend, DeviceError, DeviceInfo       # noqa: E402
 
 _TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "i32": torch.int32,
                  "u32": torch.int32}   # u32 staging words are viewed as int32 (ids, doorbell < 2³¹)
-_BUFFER_POISON = 0xFF                  # every float buffer starts as NaN: an unwritten read shows
 
 
 def _f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
@@ -131,15 +130,11 @@ class InterpretBackend(Backend):
     code = _records.BACKEND_INTERPRET
 
     def __init__(self, profile):
-        self.profile = profile
+        super().__init__(profile)
         self._host = allocate_host()
         self.staging = StagingViews(self._host, profile)
         self._staging_bytes = torch.from_numpy(self._host)              # aliases staging
-        self.buffers: dict[str, torch.Tensor] = {}
-        for name, spec in _buffers(profile).items():
-            t = torch.empty(spec.nbytes, dtype=torch.uint8)
-            t.fill_(_BUFFER_POISON)
-            self.buffers[name] = t.view(_TORCH_DTYPES[spec.dtype]).view(spec.shape)
+        self.allocate_buffers()
         self._payload = self.buffers["pmv"].view(-1).view(torch.uint8)  # (payload_bytes,)
         self._submissions = _launches.submissions(profile)
         self._plans = None
@@ -147,34 +142,35 @@ class InterpretBackend(Backend):
     def device(self) -> DeviceInfo:
         return DeviceInfo("cpu (triton interpreter)", 0, 0, "interpret")
 
-    # ---- payload through the transfer window
-    def _window(self, offset: int, nbytes: int):
-        if nbytes > SL.TRANSFER_WINDOW_BYTES or offset < 0 or offset + nbytes > self._payload.numel():
-            raise ValueError(f"chunk [{offset}, {offset + nbytes}) outside the payload "
-                             f"({self._payload.numel()} bytes) or larger than the transfer window")
+    def _alloc(self, spec, fill: int) -> torch.Tensor:
+        t = torch.empty(spec.nbytes, dtype=torch.uint8)
+        t.fill_(fill)
+        return t.view(_TORCH_DTYPES[spec.dtype]).view(spec.shape)
+
+    # ---- payload through the transfer window (bounds checked by the base)
+    def _window(self, nbytes: int) -> torch.Tensor:
         return self._staging_bytes[SL.TRANSFER_WINDOW:SL.TRANSFER_WINDOW + nbytes]
 
-    def upload_chunk(self, offset: int, nbytes: int) -> None:
-        self._payload[offset:offset + nbytes].copy_(self._window(offset, nbytes))
+    def _upload_chunk(self, offset: int, nbytes: int) -> None:
+        self._payload[offset:offset + nbytes].copy_(self._window(nbytes))
 
-    def download_chunk(self, offset: int, nbytes: int) -> None:
-        self._window(offset, nbytes).copy_(self._payload[offset:offset + nbytes])
+    def _download_chunk(self, offset: int, nbytes: int) -> None:
+        self._window(nbytes).copy_(self._payload[offset:offset + nbytes])
 
     def snapshot(self) -> None:
         self._snapshot = self._payload.clone()
 
-    def download_snapshot_chunk(self, offset: int, nbytes: int) -> None:
-        self._window(offset, nbytes).copy_(self._snapshot[offset:offset + nbytes])
+    def _download_snapshot_chunk(self, offset: int, nbytes: int) -> None:
+        self._window(nbytes).copy_(self._snapshot[offset:offset + nbytes])
 
-    # ---- argument resolution
-    def resolve(self, arg, t_base: int):
-        if isinstance(arg, _launches.BufferRef):
-            return self.buffers[arg.buffer].view(-1)[arg.offset:]
-        if isinstance(arg, _launches.StagingRef):
-            size = _TORCH_DTYPES[arg.dtype].itemsize
-            end = SL.REGION_BYTES - (SL.REGION_BYTES - arg.offset) % size
-            return self._staging_bytes[arg.offset:end].view(_TORCH_DTYPES[arg.dtype])
-        return self.scalar_value(arg, t_base)
+    # ---- launch arguments (scalars resolved by the base)
+    def _buffer_arg(self, ref) -> torch.Tensor:
+        return self.buffers[ref.buffer].view(-1)[ref.offset:]
+
+    def _staging_arg(self, ref) -> torch.Tensor:
+        size = _TORCH_DTYPES[ref.dtype].itemsize
+        end = SL.REGION_BYTES - (SL.REGION_BYTES - ref.offset) % size
+        return self._staging_bytes[ref.offset:end].view(_TORCH_DTYPES[ref.dtype])
 
     def instantiate(self, t_base: int) -> None:
         plans = []
@@ -182,8 +178,8 @@ class InterpretBackend(Backend):
             steps = []
             for launch in sub.launches:
                 args = [self.resolve(a, t_base) for _, a in launch.args]
-                if launch.function == _launches.RELEASE:
-                    steps.append((None, launch.grid, args, {}))
+                if launch.function in _launches.HAND_WRITTEN:
+                    steps.append((None, launch.function, args, {}))
                 else:
                     steps.append((kernel_function(launch), launch.grid, args, dict(launch.constexprs)))
             plans.append(steps)
@@ -195,13 +191,21 @@ class InterpretBackend(Backend):
         words[1] = 0
         words[0] = int(doorbell[0])
 
+    def _release_stage_in(self, doorbell, slot, record, staged) -> None:
+        """release_stage_in.ptx: the input record and the doorbell into `staged`, then the
+        pre-launch release."""
+        n = SL.INPUT_RECORD_BYTES // 4
+        staged[:n] = record[:n]
+        staged[n] = doorbell[0]
+        self._release(doorbell, slot)
+
     def issue(self, submission: int) -> None:
         if self._plans is None:
             raise DeviceError("issue before instantiate")
         with single_thread_blas():
             for fn, grid, args, constexprs in self._plans[submission]:
-                if fn is None:
-                    self._release(*args)
+                if fn is None:                                       # hand-written PTX, emulated
+                    getattr(self, "_" + grid)(*args)
                     continue
                 try:
                     fn[grid](*args, **constexprs)

@@ -24,12 +24,8 @@ def register(sub) -> None:
 def _profile_for(header, name, where):
     from plan import profiles
     from .checkpoint_format import CheckpointRefused
-    from .errors import UserError
     if name is not None:
-        try:
-            return profiles.get(name)
-        except KeyError as e:
-            raise UserError(str(e.args[0]), "see `coppelius profiles`") from None
+        return profiles.get(name)
     owner = header.profile_name()
     if owner is None:
         raise CheckpointRefused(f"{where}: its identities match no known profile "

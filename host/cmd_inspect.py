@@ -4,16 +4,17 @@ from __future__ import annotations
 import json
 import math
 import sys
-from pathlib import Path
 
 import numpy as np
+
+from staging.records import INFO_NAMES
+
+from .tokenizer import DEFAULT_TOKENIZER as TOKENIZER
 
 ORDER = 20
 LAST_N = 100                     # "mean of the last 100 steps" in the loss summary
 SPARK = "▁▂▃▄▅▆▇█"
 SPARK_WIDTH = 60
-TOKENIZER = Path(__file__).resolve().parent.parent / "plan" / "data" / "tokenizer.json"
-INFO_NAMES = {0x10001: "fence timeout", 0x10002: "record marker survived", 0x10003: "host I/O"}
 
 
 def register(sub) -> None:
@@ -29,7 +30,11 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from staging import paths
+
     from . import result_file as RF
+    if args.plot:                # refuse a plot path that cannot be written before the work
+        paths.check_output(args.plot, "plot", overwrite=True, exists_hint=None)
     rf = RF.read(args.result)
     if args.plot:
         from .plot import plot
@@ -68,6 +73,7 @@ def summarize(rf) -> dict:
     """Everything inspect shows, as JSON-ready values."""
     from staging import layout as L
     from staging import records as R
+    from staging.result_sections import SECTIONS
     from .result_file import record_dict
 
     losses = rf.step_losses()                                    # (steps,) f64
@@ -99,7 +105,11 @@ def summarize(rf) -> dict:
             loss_summary.update(min=float(losses[k]), min_step=k)
     return {
         "path": rf.path, "profile": rf.profile.name, "size": rf.size,
-        "expected_size": rf.expected_size, "outcome": rf.outcome,
+        "expected_size": rf.expected_size,
+        "sections": [{"section": s.name, "label": s.label, "offset": rf.offsets[s.name][0],
+                      "size": rf.offsets[s.name][1],
+                      "type": "f32" if s.record is None else s.record.name} for s in SECTIONS],
+        "outcome": rf.outcome,
         "outcome_code": rf.outcome_code, "steps_completed": rf.steps,
         "steps_planned": status["steps_planned"], "issues": rf.issues,
         "losses": [_finite(x) for x in losses],
@@ -138,11 +148,8 @@ def info_name(code: int) -> str:
     is importable, else the number."""
     if code in INFO_NAMES:
         return INFO_NAMES[code]
-    try:
-        from cuda.bindings import driver
-        return driver.CUresult(code).name
-    except Exception:
-        return f"CUresult {code}"
+    from .driver import error_name
+    return error_name(code)
 
 
 def decode_tokens(profile, ids: list[int]) -> list[str | None]:
@@ -189,8 +196,9 @@ def render(info: dict, rf) -> None:
     c.print(f"[bold]{info['path']}[/bold]  profile [bold]{info['profile']}[/bold]  "
             f"outcome [{colour}]{info['outcome']}[/{colour}]")
     c.print(f"size {info['size']:,} bytes, formula {info['expected_size']:,} "
-            f"({'matches' if ok else 'MISMATCH'}): forward part, {info['steps_completed']:,} step "
-            f"windows, tail, {info['issues']:,} timestamp entries")
+            f"({'matches' if ok else 'MISMATCH'}): {info['steps_completed']:,} step windows, "
+            f"{info['issues']:,} timestamp entries")
+    c.print("sections: " + " · ".join(f"{s['label']} {s['size']:,}" for s in info["sections"]))
     cc = st["compute_capability"]
     drv = st["driver_version"]
     c.print(f"backend {st['backend_name']}, device {st['device_name'] or '—'}, compute capability "

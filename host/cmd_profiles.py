@@ -15,14 +15,10 @@ def run(args) -> int:
     from rich.table import Table
 
     from plan import profiles
-    from .errors import UserError
 
     console = Console()
     if args.profile:
-        try:
-            prof = profiles.get(args.profile)
-        except KeyError as e:
-            raise UserError(str(e.args[0]), "see `coppelius profiles`") from None
+        prof = profiles.get(args.profile)
         t = Table(title=f"profile {prof.name}: parameter table")
         for col in ("#", "name", "shape", "offset", "elements", "decay"):
             t.add_column(col, justify="right" if col in ("#", "offset", "elements") else "left")

@@ -4,6 +4,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from staging.synthetic import DEFAULT_DIRECTORY
+
+from .ring import DEFAULT_FENCE_TIMEOUT_S
+
 ORDER = 10
 
 
@@ -14,23 +18,25 @@ def register(sub) -> None:
     p.add_argument("--tokens", type=Path, help="token cache (default: the embedded synthetic stream)")
     p.add_argument("--checkpoint", type=Path,
                    help="checkpoint path: zero bytes = fresh start, a checkpoint = continue "
-                   "(default: coppelius-run/<profile>.ckpt)")
+                   f"(default: {DEFAULT_DIRECTORY}/<profile>.ckpt)")
     p.add_argument("--result", type=Path,
-                   help="result file to create (default: coppelius-run/<profile>-result-c<c0>.bin)")
+                   help="result file to create "
+                   f"(default: {DEFAULT_DIRECTORY}/<profile>-result-c<c0>.bin)")
     p.add_argument("--profile", default="coppelius", help="coppelius (default) or tiny")
     p.add_argument("--backend", default="cuda", choices=["cuda", "interpret"],
                    help="cuda (default; the GPU) or interpret (Triton's interpreter on the CPU)")
     p.add_argument("--source", type=Path, help="the token cache's source; its mtime and size must "
                    "match the cache header")
     p.add_argument("--overwrite", action="store_true", help="replace an existing result file")
-    p.add_argument("--fence-timeout", type=float, default=120.0, metavar="S",
-                   help="seconds to wait for a submission's fence (default 120)")
-    p.add_argument("--directory", type=Path, default=Path("coppelius-run"),
-                   help="where the embedded default's files live (default ./coppelius-run)")
+    p.add_argument("--fence-timeout", type=float, default=DEFAULT_FENCE_TIMEOUT_S, metavar="S",
+                   help="seconds to wait for a submission's fence "
+                   f"(default {DEFAULT_FENCE_TIMEOUT_S:g})")
+    p.add_argument("--directory", type=Path, default=Path(DEFAULT_DIRECTORY),
+                   help=f"where the embedded default's files live (default ./{DEFAULT_DIRECTORY})")
     p.add_argument("--steps", type=int, help="stop after N steps (tests and benchmarks; default: "
                    "the profile's, 10,000 for coppelius)")
     p.add_argument("--quiet", action="store_true", help="no live progress")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, handles_signals=True)    # host.run._Signals from the start
 
 
 class RichProgress:
@@ -50,7 +56,8 @@ class RichProgress:
         self.console.print(f"[bold]coppelius run[/bold]: c0={summary.c0}, "
                            f"{summary.steps_planned} steps, checkpoint {summary.checkpoint}, "
                            f"result {summary.result}"
-                           + (f", loss floor {floor:.4f} nats/token" if floor is not None else ""))
+                           + (f", loss floor {floor:.4f} nats/token" if floor is not None else ""),
+                           soft_wrap=True)
         if self.quiet:
             return
         self.bar = Progress(TextColumn("step"), MofNCompleteColumn(), BarColumn(),
@@ -77,7 +84,7 @@ class RichProgress:
             self.console.print(f"published update {update_count} ({seconds:.2f} s)")
 
     def note(self, text):
-        self.console.print(text)
+        self.console.print(text, soft_wrap=True, markup=False, highlight=False)
 
     def stop(self):
         if self.bar is not None:
@@ -88,13 +95,9 @@ def run(args) -> int:
     from plan import profiles
     from staging import records as R
 
-    from .errors import UserError
     from .run import Request, run as run_loop
 
-    try:
-        profile = profiles.get(args.profile)
-    except KeyError as e:
-        raise UserError(str(e.args[0]), "use --profile coppelius or --profile tiny") from None
+    profile = profiles.get(args.profile)
     req = Request(profile=profile, tokens=args.tokens, checkpoint=args.checkpoint,
                   result=args.result, backend=args.backend, source=args.source,
                   overwrite=args.overwrite, fence_timeout_s=args.fence_timeout,
@@ -107,8 +110,12 @@ def run(args) -> int:
             f"{summary.update_count}, {summary.publications} publications, {summary.wall_s:.1f} s")
     if losses:
         line += f", loss {losses[0]:.4f} → {losses[-1]:.4f}"
-    progress.console.print(line)
-    progress.console.print(f"result {summary.result}; checkpoint {summary.checkpoint}")
+    # one line at any width (rich wraps at 80 columns when stderr is not a terminal), and paths
+    # or messages are never read as markup
+    progress.console.print(line, soft_wrap=True, markup=False, highlight=False)
+    progress.console.print(f"result {summary.result}; checkpoint {summary.checkpoint}",
+                           soft_wrap=True, markup=False, highlight=False)
     if summary.error:
-        progress.console.print(f"[red]{summary.error}[/red]")
+        progress.console.print(summary.error, style="red", soft_wrap=True, markup=False,
+                               highlight=False)
     return summary.exit_code

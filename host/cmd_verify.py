@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from staging.synthetic import DEFAULT_DIRECTORY
+
 ORDER = 40
 
 # Per-step tolerances between a backend's losses and the reference (fp32 accumulation order and the
@@ -25,8 +27,8 @@ def register(sub) -> None:
                    "run continued, c0 > 0; must match the payload digest in the stat record)")
     p.add_argument("--mean-atol", type=float, default=MEAN_ATOL)
     p.add_argument("--row-atol", type=float, default=ROW_ATOL)
-    p.add_argument("--directory", type=Path, default=Path("coppelius-run"),
-                   help="where the embedded stream is cached (default ./coppelius-run)")
+    p.add_argument("--directory", type=Path, default=Path(DEFAULT_DIRECTORY),
+                   help=f"where the embedded stream is cached (default ./{DEFAULT_DIRECTORY})")
     p.set_defaults(func=run)
 
 
@@ -49,7 +51,7 @@ def run(args) -> int:
     c0 = int(status["c0"])
     n = min(args.steps, int(status["steps_completed"]))
     if args.steps < 1:
-        raise UserError("--steps must be at least 1")
+        raise UserError(f"--steps {args.steps} must be at least 1", "pass --steps 1 or more")
     if args.tokens is None:
         from staging import synthetic
         tokens = synthetic.ensure_default_stream(profile, args.directory)

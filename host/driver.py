@@ -1,18 +1,36 @@
-"""The CUDA driver path: `check()`, the primary context, memory, mapped staging, modules, graphs.
+"""The CUDA driver path: `check()`, the primary context, streams, memory, mapped staging, modules,
+graphs.
 
 Driver API only (`from cuda.bindings import driver`), imported lazily so that every other part of the
 host runs without a driver.  Works with the 12.x and 13.x bindings: the primary context avoids
 `cuCtxCreate`, whose signature 13.x changed.  Each wrapper is a small class; every driver return goes
-through `check()`, which turns it into its values or a `DriverError` naming the call.
+through `check()`, which turns it into its values or a `DriverError` naming the call; close paths
+go through `release()`, which reports a failure as a warning instead of raising it.
+
+Bindings: cuda-bindings ≥ 12.9.1 (13.x: ≥ 13.0.0).  Those are the first releases whose driver calls
+release the GIL ("Python bindings in every module, including driver, runtime, and nvrtc, now have the
+GIL released before calling the underlying C APIs": cuda-bindings 12.9.1 and 13.0.0 release notes,
+Aug 6, 2025); `cuda.bindings` itself exists since cuda-python 12.6.1 (Oct 7, 2024).  With older
+bindings a publisher thread blocked in cuStreamSynchronize would hold the GIL and stall the run
+loop's fence poll.  The bindings' major must not be newer than the driver's CUDA major: 12.x
+bindings for a CUDA 12 driver, 13.x for a CUDA 13 driver (driver ≥ 580).
 """
 from __future__ import annotations
 
 import ctypes
+import re
+import warnings
+from dataclasses import dataclass
 
 from .backend import BackendUnavailable, DeviceError
 
 _cu = None
 NO_GPU_HINT = "on a machine without a GPU, `--profile tiny --backend interpret` runs the plan on the CPU"
+BINDINGS_FLOOR = (12, 9, 1)     # pyproject.toml's floor; tests/test_cuda_backend_fake.py ties the two
+BINDINGS_HINT = ("pip install 'cuda-bindings>=12.9.1,<13' for a CUDA 12 driver, "
+                 "'cuda-bindings>=13.0.0,<14' for a CUDA 13 driver")
+JIT_LOG_BYTES = 64 * 1024       # each of the JIT's info and error logs
+STATIC_SHARED_LIMIT = 48 * 1024  # dynamic shared memory beyond this needs the per-function opt-in
 
 
 def cu():
@@ -22,24 +40,58 @@ def cu():
         try:
             from cuda.bindings import driver
         except ImportError as e:       # pragma: no cover - depends on the installation
-            raise BackendUnavailable(f"cuda-python is not installed ({e})",
-                                     "pip install 'cuda-python>=12.4'") from None
+            raise BackendUnavailable(f"cuda-bindings is not installed ({e})", BINDINGS_HINT) from None
+        check_bindings_version(bindings_version())
         _cu = driver
     return _cu
+
+
+def bindings_version() -> str | None:
+    """`cuda.bindings.__version__`, or None where it cannot be read."""
+    try:
+        from cuda.bindings import __version__
+        return str(__version__)
+    except Exception:
+        return None
+
+
+def _release_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", version.split("+")[0])[:3])
+
+
+class BindingsMismatch(BackendUnavailable):
+    """The installed cuda-bindings cannot drive this driver without stalls or failures."""
+
+
+def check_bindings_version(version: str | None, driver_version: int | None = None) -> None:
+    """Refuse bindings older than BINDINGS_FLOOR, or of a newer CUDA major than the driver."""
+    if version is None:
+        return
+    release = _release_tuple(version)
+    if release < BINDINGS_FLOOR:
+        raise BindingsMismatch(f"cuda-bindings {version} holds the GIL in driver calls (released "
+                               f"from {'.'.join(map(str, BINDINGS_FLOOR))}): a publisher thread "
+                               "would stall the fence poll", BINDINGS_HINT)
+    if driver_version and release and release[0] > driver_version // 1000:
+        raise BindingsMismatch(f"cuda-bindings {version} needs a CUDA {release[0]} driver; this one "
+                               f"is CUDA {driver_version // 1000}.{driver_version % 1000 // 10}",
+                               BINDINGS_HINT)
 
 
 class DriverError(DeviceError):
     """A driver call returned an error: names the call and the CUresult."""
 
 
+class ReleaseWarning(RuntimeWarning):
+    """A driver call on a close path failed; reported, not raised (the run's outcome stands)."""
+
+
 def error_name(code) -> str:
+    """The CUresult's name from the bindings' enum (no driver or device needed), else its number."""
     try:
-        err, name = cu().cuGetErrorName(code)
-        if int(err) == 0 and name:
-            return name.decode()
+        return cu().CUresult(int(code)).name
     except Exception:
-        pass
-    return f"CUresult {int(code)}"
+        return f"CUresult {int(code)}"
 
 
 def check(ret, call: str):
@@ -53,6 +105,16 @@ def check(ret, call: str):
     if not values:
         return None
     return values[0] if len(values) == 1 else values
+
+
+def release(ret, call: str) -> DriverError | None:
+    """`check()` for a close path: a failure is reported as a ReleaseWarning and returned."""
+    try:
+        check(ret, call)
+    except DriverError as e:
+        warnings.warn(f"{e} (while releasing)", ReleaseWarning, stacklevel=2)
+        return e
+    return None
 
 
 def pointer(handle) -> int:
@@ -88,24 +150,50 @@ class Device:
             A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, self.handle), "cuDeviceGetAttribute"))
         self.can_map_host = int(check(d.cuDeviceGetAttribute(
             A.CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY, self.handle), "cuDeviceGetAttribute"))
+        # the most shared memory one block may use once a function opts in (static + dynamic)
+        self.shared_optin = int(check(d.cuDeviceGetAttribute(
+            A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, self.handle),
+            "cuDeviceGetAttribute"))
+        check_bindings_version(bindings_version(), self.driver_version)
         self.context = check(d.cuDevicePrimaryCtxRetain(self.handle), "cuDevicePrimaryCtxRetain")
         check(d.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
-        self.stream = check(d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
+        self.stream = Stream()
 
     def make_current(self) -> None:
         """Bind the primary context to the calling thread (a publisher thread needs it too)."""
         check(cu().cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
-
-    def new_stream(self):
-        return check(cu().cuStreamCreate(cu().CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
 
     @property
     def compute_capability(self) -> int:
         return 10 * self.major + self.minor
 
     def query(self) -> bool:
-        """True when the stream is idle; raises DriverError on a device fault."""
-        ret = cu().cuStreamQuery(self.stream)
+        """True when the submission stream is idle; raises DriverError on a device fault."""
+        return self.stream.query()
+
+    def synchronize(self) -> None:
+        self.stream.synchronize()
+
+    def close(self) -> None:
+        if getattr(self, "stream", None) is not None:
+            self.stream.close()
+            self.stream = None
+        if getattr(self, "context", None) is not None:
+            release(cu().cuDevicePrimaryCtxRelease(self.handle), "cuDevicePrimaryCtxRelease")
+            self.context = None
+
+
+class Stream:
+    """A non-blocking stream of the current context."""
+
+    def __init__(self):
+        d = cu()
+        self.handle = check(d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING),
+                            "cuStreamCreate")
+
+    def query(self) -> bool:
+        """True when idle, False while work is pending; raises DriverError on a device fault."""
+        ret = cu().cuStreamQuery(self.handle)
         code = ret[0] if isinstance(ret, tuple) else ret
         if int(code) == int(cu().CUresult.CUDA_ERROR_NOT_READY):
             return False
@@ -113,16 +201,12 @@ class Device:
         return True
 
     def synchronize(self) -> None:
-        check(cu().cuStreamSynchronize(self.stream), "cuStreamSynchronize")
+        check(cu().cuStreamSynchronize(self.handle), "cuStreamSynchronize")
 
     def close(self) -> None:
-        d = cu()
-        if getattr(self, "stream", None) is not None:
-            d.cuStreamDestroy(self.stream)
-            self.stream = None
-        if getattr(self, "context", None) is not None:
-            d.cuDevicePrimaryCtxRelease(self.handle)
-            self.context = None
+        if self.handle is not None:
+            release(cu().cuStreamDestroy(self.handle), "cuStreamDestroy")
+            self.handle = None
 
 
 class DeviceBuffer:
@@ -135,7 +219,7 @@ class DeviceBuffer:
 
     def close(self) -> None:
         if self.handle is not None:
-            cu().cuMemFree(self.handle)
+            release(cu().cuMemFree(self.handle), "cuMemFree")
             self.handle = None
 
 
@@ -174,47 +258,120 @@ class MappedRegion:
         if self.host_ptr:
             self.array = None
             self._buffer = None
-            cu().cuMemFreeHost(self.host_ptr)
+            release(cu().cuMemFreeHost(self.host_ptr), "cuMemFreeHost")
             self.host_ptr = 0
 
 
+class PtxRefused(BackendUnavailable):
+    """The driver's JIT refused a PTX file; the message names the file and quotes the JIT log."""
+
+    def __init__(self, name: str, code: int, log: str):
+        flat = " | ".join(line.strip() for line in log.splitlines() if line.strip())
+        super().__init__(f"the driver refused {name}: {error_name(code)} from cuModuleLoadDataEx; "
+                         f"JIT log: {flat or '(empty)'}",
+                         "PTX ISA 8.0 needs a CUDA 12.0 or newer driver; `coppelius doctor` "
+                         "shows the driver and the target")
+        self.code, self.log = code, log
+
+
+def _log_text(buffer: bytearray) -> str:
+    return bytes(buffer).split(b"\0", 1)[0].decode(errors="replace").strip()
+
+
 class Module:
-    """A PTX module loaded by the driver's JIT (the host never compiles)."""
+    """A PTX module loaded by the driver's JIT (the host never compiles), with the JIT's logs."""
 
     def __init__(self, ptx: bytes, name: str):
+        d = cu()
         if not ptx.endswith(b"\0"):
             ptx = ptx + b"\0"          # the driver reads PTX as a NUL-terminated string
         self.name = name
         image = ctypes.create_string_buffer(ptx, len(ptx))
-        self.handle = check(cu().cuModuleLoadData(ctypes.addressof(image)),
-                            f"cuModuleLoadData({name})")
+        # the bindings take bytearrays as the JIT's char* log buffers (numba-cuda does the same)
+        info, error = bytearray(JIT_LOG_BYTES), bytearray(JIT_LOG_BYTES)
+        O = d.CUjit_option
+        options = [O.CU_JIT_INFO_LOG_BUFFER, O.CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
+                   O.CU_JIT_ERROR_LOG_BUFFER, O.CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+                   O.CU_JIT_LOG_VERBOSE]
+        values = [info, JIT_LOG_BYTES, error, JIT_LOG_BYTES, 1]
+        ret = d.cuModuleLoadDataEx(ctypes.addressof(image), len(options), options, values)
+        self.info_log = _log_text(info)     # empty when the driver's compute cache served it
+        code = ret[0] if isinstance(ret, tuple) else ret
+        if int(code) != 0:
+            raise PtxRefused(name, int(code), _log_text(error))
+        self.handle = ret[1]
 
     def function(self, entry: str):
         return check(cu().cuModuleGetFunction(self.handle, entry.encode()),
                      f"cuModuleGetFunction({entry})")
 
+    def spills(self, entry: str) -> tuple[int, int] | None:
+        """(spill store, spill load) bytes of `entry` from the JIT's verbose info log, or None."""
+        # ptxas -v's lines: "Function properties for E", then "... N bytes spill stores, M bytes
+        # spill loads" on the next line, whatever prefix the JIT puts before it
+        m = re.search(rf"Function properties for {re.escape(entry)}\b[^\n]*\n[^\n]*?"
+                      r"(\d+) bytes spill stores, (\d+) bytes spill loads", self.info_log)
+        return (int(m.group(1)), int(m.group(2))) if m else None
+
     def close(self) -> None:
         if self.handle is not None:
-            cu().cuModuleUnload(self.handle)
+            release(cu().cuModuleUnload(self.handle), "cuModuleUnload")
             self.handle = None
 
 
+@dataclass(frozen=True)
+class FunctionAttributes:
+    """What the driver reports for one loaded function (cuFuncGetAttribute)."""
+    registers: int              # per thread
+    local_bytes: int            # local memory per thread: spills and stack
+    static_shared: int          # bytes per block, besides the launch's dynamic shared memory
+    max_threads: int            # threads per block it can launch with, its registers permitting
+
+    @classmethod
+    def read(cls, function, name: str) -> "FunctionAttributes":
+        d = cu()
+        A = d.CUfunction_attribute
+
+        def get(attr):
+            return int(check(d.cuFuncGetAttribute(attr, function), f"cuFuncGetAttribute({name})"))
+        return cls(registers=get(A.CU_FUNC_ATTRIBUTE_NUM_REGS),
+                   local_bytes=get(A.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES),
+                   static_shared=get(A.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES),
+                   max_threads=get(A.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK))
+
+
 class Kernel:
-    """A function with its launch shape and the ctypes types of its parameters."""
+    """A function with its launch shape, the ctypes types of its parameters and what the driver
+    reports for it (read at construction)."""
 
     CTYPES = {"ptr": ctypes.c_uint64, "u64": ctypes.c_uint64, "i64": ctypes.c_int64,
               "u32": ctypes.c_uint32, "i32": ctypes.c_int32, "f32": ctypes.c_float,
               "u16": ctypes.c_uint16, "i16": ctypes.c_int16, "u8": ctypes.c_uint8,
               "i8": ctypes.c_int8, "f64": ctypes.c_double}
 
-    def __init__(self, function, name: str, param_types: list[str], threads: int, shared: int):
+    def __init__(self, function, name: str, param_types: list[str], threads: int, shared: int,
+                 scratch: tuple[int, ...] = (), spills: tuple[int, int] | None = None):
+        """`shared`: dynamic shared memory bytes per block; `scratch`: bytes per program of each
+        of Triton's hidden trailing scratch pointers (0: passed as null); `spills`: (store, load)
+        bytes from the JIT log when it ran."""
         self.function, self.name = function, name
         self.param_types, self.threads, self.shared = param_types, threads, shared
-        if shared > 48 * 1024:
+        self.scratch = tuple(scratch)
+        self.spills = spills
+        self.attributes = FunctionAttributes.read(function, name)
+
+    @property
+    def shared_per_block(self) -> int:
+        """Static + dynamic shared memory one block of this launch uses."""
+        return self.attributes.static_shared + self.shared
+
+    def opt_in_shared(self) -> None:
+        """Allow the dynamic shared memory the launch asks (needed beyond 48 KiB)."""
+        if self.shared > STATIC_SHARED_LIMIT:
             d = cu()
             check(d.cuFuncSetAttribute(
-                function, d.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                shared), f"cuFuncSetAttribute({name})")
+                self.function, d.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                self.shared), f"cuFuncSetAttribute({self.name})")
 
     def pack(self, values: list) -> "PackedParams":
         if len(values) != len(self.param_types):
@@ -222,9 +379,9 @@ class Kernel:
                              f"{len(self.param_types)} parameters")
         return PackedParams([self.CTYPES[t](v) for t, v in zip(self.param_types, values)])
 
-    def launch(self, stream, grid: tuple[int, int, int], params: "PackedParams") -> None:
-        check(cu().cuLaunchKernel(self.function, *grid, self.threads, 1, 1, self.shared, stream,
-                                  params.address, 0), f"cuLaunchKernel({self.name})")
+    def launch(self, stream: Stream, grid: tuple[int, int, int], params: "PackedParams") -> None:
+        check(cu().cuLaunchKernel(self.function, *grid, self.threads, 1, 1, self.shared,
+                                  stream.handle, params.address, 0), f"cuLaunchKernel({self.name})")
 
 
 class PackedParams:
@@ -244,40 +401,41 @@ class Graph:
         """`record(stream)` enqueues the submission's launches on the capturing stream."""
         d = cu()
         self.device = device
+        stream = device.stream
         mode = d.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
-        check(d.cuStreamBeginCapture(device.stream, mode), "cuStreamBeginCapture")
+        check(d.cuStreamBeginCapture(stream.handle, mode), "cuStreamBeginCapture")
         try:
-            record(device.stream)
+            record(stream)
         except BaseException:
-            d.cuStreamEndCapture(device.stream)
+            release(d.cuStreamEndCapture(stream.handle), "cuStreamEndCapture")
             raise
-        self.graph = check(d.cuStreamEndCapture(device.stream), "cuStreamEndCapture")
+        self.graph = check(d.cuStreamEndCapture(stream.handle), "cuStreamEndCapture")
         self.exec = check(d.cuGraphInstantiate(self.graph, 0), "cuGraphInstantiate")
 
     def launch(self) -> None:
-        check(cu().cuGraphLaunch(self.exec, self.device.stream), "cuGraphLaunch")
+        check(cu().cuGraphLaunch(self.exec, self.device.stream.handle), "cuGraphLaunch")
 
     def close(self) -> None:
         d = cu()
         if getattr(self, "exec", None) is not None:
-            d.cuGraphExecDestroy(self.exec)
+            release(d.cuGraphExecDestroy(self.exec), "cuGraphExecDestroy")
             self.exec = None
         if getattr(self, "graph", None) is not None:
-            d.cuGraphDestroy(self.graph)
+            release(d.cuGraphDestroy(self.graph), "cuGraphDestroy")
             self.graph = None
 
 
-def memcpy_dtod(dst: int, src: int, nbytes: int, stream) -> None:
-    check(cu().cuMemcpyDtoDAsync(dst, src, nbytes, stream), "cuMemcpyDtoDAsync")
+def memcpy_dtod(dst: int, src: int, nbytes: int, stream: Stream) -> None:
+    check(cu().cuMemcpyDtoDAsync(dst, src, nbytes, stream.handle), "cuMemcpyDtoDAsync")
 
 
-def memcpy_htod(dst: int, src_host: int, nbytes: int, stream) -> None:
-    check(cu().cuMemcpyHtoDAsync(dst, src_host, nbytes, stream), "cuMemcpyHtoDAsync")
+def memcpy_htod(dst: int, src_host: int, nbytes: int, stream: Stream) -> None:
+    check(cu().cuMemcpyHtoDAsync(dst, src_host, nbytes, stream.handle), "cuMemcpyHtoDAsync")
 
 
-def memcpy_dtoh(dst_host: int, src: int, nbytes: int, stream) -> None:
-    check(cu().cuMemcpyDtoHAsync(dst_host, src, nbytes, stream), "cuMemcpyDtoHAsync")
+def memcpy_dtoh(dst_host: int, src: int, nbytes: int, stream: Stream) -> None:
+    check(cu().cuMemcpyDtoHAsync(dst_host, src, nbytes, stream.handle), "cuMemcpyDtoHAsync")
 
 
-def memset_d8(dst: int, value: int, nbytes: int, stream) -> None:
-    check(cu().cuMemsetD8Async(dst, value, nbytes, stream), "cuMemsetD8Async")
+def memset_d8(dst: int, value: int, nbytes: int, stream: Stream) -> None:
+    check(cu().cuMemsetD8Async(dst, value, nbytes, stream.handle), "cuMemsetD8Async")

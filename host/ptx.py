@@ -1,8 +1,11 @@
 """Committed PTX and its manifests (SPEC §12): find, check and load a profile's kernels for a target.
 
-`kernels_ptx/<profile>/<target>/manifest.json` lists every entry: its PTX file, the `.entry` name,
-the parameter list (Triton's hidden trailing scratch pointers included), threads per block, dynamic
-shared memory, and the PTX ISA version.  The host loads PTX only; the driver JITs it.
+`kernels_ptx/<profile>/<target>/manifest.json` is read exactly as tools/build_ptx.py writes it
+(its docstring has the schema): per entry its PTX file and that file's sha256, the `.entry` name,
+the parameter list (Triton's hidden trailing scratch pointers included, with their sizes under
+`global_scratch` / `profile_scratch`), threads per block and dynamic shared memory; at the top the
+PTX ISA version.  A missing key, an unknown parameter type or a PTX file whose digest differs is
+refused with a hint to rebuild.  The host loads PTX only; the driver JITs it.
 """
 from __future__ import annotations
 
@@ -11,31 +14,40 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import driver as drv
 from .errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1] / "kernels_ptx"
 MANIFEST = "manifest.json"
+REBUILD_HINT = "rebuild with tools/build_ptx.py, or use a complete checkout"
 
-# manifest parameter types → the driver wrapper's ctypes names
-_TYPES = {"ptr": "ptr", "pointer": "ptr", "i32": "i32", "u32": "u32", "i64": "i64", "u64": "u64",
-          "fp32": "f32", "f32": "f32", "fp64": "f64", "f64": "f64", "i16": "i16", "u16": "u16",
-          "i8": "i8", "u8": "u8", "i1": "i8"}
+# manifest scalar parameter types (Triton signatures) → the driver wrapper's ctypes names;
+# every pointer ("*fp32", "*bf16", "*i8", ...) is "ptr"
+SCALAR_TYPES = {"i32": "i32", "i64": "i64", "fp32": "f32"}
 
 
 class PtxMissing(UserError):
     pass
 
 
-def _param_type(p) -> str:
-    t = p.get("type") if isinstance(p, dict) else p
-    t = str(t)
-    if t.startswith("*") or t.endswith("ptr") or t == "pointer":
+class PtxAltered(UserError):
+    """A committed PTX file is not the one its manifest describes."""
+
+
+def _field(record: dict, key: str, where: str):
+    try:
+        return record[key]
+    except (KeyError, TypeError):
+        raise PtxMissing(f"{where}: no {key!r} in the manifest", REBUILD_HINT) from None
+
+
+def _param_type(t: str, where: str) -> str:
+    if t.startswith("*"):
         return "ptr"
     try:
-        return _TYPES[t]
+        return SCALAR_TYPES[t]
     except KeyError:
-        raise PtxMissing(f"manifest parameter type {t!r} is unknown",
-                         "rebuild kernels_ptx with tools/build_ptx.py") from None
+        raise PtxMissing(f"{where}: manifest parameter type {t!r} is unknown", REBUILD_HINT) from None
 
 
 @dataclass(frozen=True)
@@ -45,31 +57,43 @@ class Entry:
     entry: str                  # the PTX `.entry` symbol
     param_types: tuple[str, ...]
     threads: int
-    shared: int
-    sha256: str | None
+    shared: int                 # dynamic shared memory bytes per block
+    sha256: str                 # of the PTX file
     hidden: tuple[str, ...] = ()        # names of Triton's trailing scratch parameters
     scratch: tuple[int, ...] = ()       # bytes per program for each hidden parameter (0: null)
+
+    @classmethod
+    def from_record(cls, directory: Path, key: str, k: dict) -> "Entry":
+        where = f"{directory / MANIFEST}: {key}"
+        params = _field(k, "params", where)
+        hidden = tuple(_field(p, "name", where) for p in params if _field(p, "hidden", where))
+        return cls(key=key, file=directory / _field(k, "file", where),
+                   entry=_field(k, "entry", where),
+                   param_types=tuple(_param_type(_field(p, "type", where), where) for p in params),
+                   threads=int(_field(k, "threads", where)), shared=int(_field(k, "shared", where)),
+                   sha256=_field(k, "sha256", where), hidden=hidden,
+                   scratch=tuple(int(_field(_field(k, h, where), "size", where)) for h in hidden))
+
+    def read(self) -> bytes:
+        """The PTX bytes, checked against the manifest's digest."""
+        if not self.file.is_file():
+            raise PtxMissing(f"{self.file} is missing", REBUILD_HINT)
+        data = self.file.read_bytes()
+        if hashlib.sha256(data).hexdigest() != self.sha256:
+            raise PtxAltered(f"{self.file} differs from its manifest digest (sha256 "
+                             f"{self.sha256[:12]}…)", REBUILD_HINT)
+        return data
 
 
 class Manifest:
     def __init__(self, directory: Path, data: dict):
         self.directory = directory
         self.data = data
-        self.ptx_version = str(data.get("ptx_version", data.get("ptx_isa", "")))
-        raw = data.get("kernels", data.get("entries", {}))
-        if isinstance(raw, list):
-            raw = {k.get("key", k.get("name")): k for k in raw}
-        self.entries: dict[str, Entry] = {}
-        for key, k in raw.items():
-            self.entries[key] = Entry(
-                key=key, file=directory / k["file"], entry=k.get("entry", k.get("symbol", key)),
-                param_types=tuple(_param_type(p) for p in k["params"]),
-                threads=int(k.get("threads", k.get("threads_per_block", 32 * k.get("num_warps", 4)))),
-                shared=int(k.get("shared", k.get("shared_bytes", 0))),
-                sha256=k.get("sha256"),
-                hidden=tuple(p["name"] for p in k["params"] if isinstance(p, dict) and p.get("hidden")),
-                scratch=tuple(int(k.get(p["name"], {}).get("size", 0)) if isinstance(k.get(p["name"]), dict)
-                              else 0 for p in k["params"] if isinstance(p, dict) and p.get("hidden")))
+        where = str(directory / MANIFEST)
+        self.ptx_isa = str(_field(data, "ptx_isa", where))
+        self.entries: dict[str, Entry] = {
+            key: Entry.from_record(directory, key, k)
+            for key, k in _field(data, "kernels", where).items()}
 
     @classmethod
     def load(cls, profile: str, target: str, root: Path | None = None) -> "Manifest":
@@ -77,36 +101,41 @@ class Manifest:
         path = directory / MANIFEST
         if not path.is_file():
             raise PtxMissing(f"no PTX for profile {profile!r}, target {target}: {path} is missing",
-                             "rebuild with tools/build_ptx.py, or use a complete checkout")
+                             REBUILD_HINT)
         try:
             data = json.loads(path.read_text())
         except ValueError as e:
-            raise PtxMissing(f"{path}: not valid JSON ({e})", "rebuild with tools/build_ptx.py") from None
+            raise PtxMissing(f"{path}: not valid JSON ({e})", REBUILD_HINT) from None
         return cls(directory, data)
 
     def verify(self) -> list[str]:
         """Problems with the committed files: missing PTX, digests that differ."""
         problems = []
         for e in self.entries.values():
-            if not e.file.is_file():
-                problems.append(f"{e.key}: {e.file.name} missing")
-            elif e.sha256 and hashlib.sha256(e.file.read_bytes()).hexdigest() != e.sha256:
-                problems.append(f"{e.key}: {e.file.name} differs from its manifest digest")
+            try:
+                e.read()
+            except UserError as err:
+                problems.append(f"{e.key}: {err.message}")
         return problems
 
     def kernels(self, closers: list) -> dict:
-        """Load every PTX file once (module per file) and return launch-ready kernels by key."""
-        from . import driver as drv
+        """Load every PTX file once (module per file) and return launch-ready kernels by key,
+        each with the attributes the driver reports for its function."""
         modules: dict[Path, drv.Module] = {}
         out = {}
         for e in self.entries.values():
             if e.file not in modules:
-                if not e.file.is_file():
-                    raise PtxMissing(f"{e.file} is missing", "rebuild with tools/build_ptx.py")
-                modules[e.file] = drv.Module(e.file.read_bytes(), e.file.name)
+                modules[e.file] = drv.Module(e.read(), self.display_name(e))
                 closers.append(modules[e.file])
-            fn = modules[e.file].function(e.entry)
-            kernel = drv.Kernel(fn, e.key, list(e.param_types), e.threads, e.shared)
-            kernel.scratch = e.scratch
-            out[e.key] = kernel
+            module = modules[e.file]
+            out[e.key] = drv.Kernel(module.function(e.entry), e.key, list(e.param_types),
+                                    e.threads, e.shared, scratch=e.scratch,
+                                    spills=module.spills(e.entry))
         return out
+
+    def display_name(self, e: Entry) -> str:
+        """`kernels_ptx/<profile>/<target>/<file>` (the path under the checkout, for messages)."""
+        try:
+            return str(e.file.relative_to(ROOT.parent))
+        except ValueError:
+            return str(e.file)

@@ -6,25 +6,33 @@ the transfer window, and writes the tail — on completion, device failure, host
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from plan import profiles
+from plan import profiles, reference
 from staging import layout as L
+from staging import paths
 from staging import records as R
+from staging import synthetic
+from staging.tokens import TokenCache
 
+from . import checkpoint as ckpt_mod
 from .backend import DeviceError
+from .backend_cuda import CudaBackend
 from .errors import UserError
+from .publisher import Publisher
+from .result_file import ResultWriter
+from .ring import DEFAULT_FENCE_TIMEOUT_S, Ring
 
-DEFAULT_DIRECTORY = Path("coppelius-run")
 SWITCH_INTERVAL_S = 2e-4    # GIL hand-over bound while a publisher thread runs beside the loop
+PUBLISHER_JOIN_S = 60.0     # after an unexpected error: a 692 MB publication takes ~2 s on CI
 
 EXIT_COMPLETED = 0
 EXIT_DEVICE_ERROR = 1
@@ -35,7 +43,13 @@ OUTCOME_EXIT = {R.OUTCOME_COMPLETED: EXIT_COMPLETED, R.OUTCOME_DEVICE_ERROR: EXI
 
 
 class RunRefused(UserError):
-    pass
+    """A request the run refuses before any device work (paths, steps, backend)."""
+
+
+class RunInterrupted(UserError):
+    """SIGINT/SIGTERM before the first step completed: nothing learned, so nothing is written
+    (no result file, the checkpoint untouched); exits as interrupted."""
+    exit_code = EXIT_INTERRUPTED
 
 
 @dataclass
@@ -47,8 +61,8 @@ class Request:
     backend: str = "cuda"
     source: Path | None = None          # the token cache's source file, if its header must match
     overwrite: bool = False
-    fence_timeout_s: float = 120.0
-    directory: Path = DEFAULT_DIRECTORY
+    fence_timeout_s: float = DEFAULT_FENCE_TIMEOUT_S
+    directory: Path = Path(synthetic.DEFAULT_DIRECTORY)
     steps: int | None = None            # only for tests: fewer steps than the profile's
 
 
@@ -82,23 +96,40 @@ class Progress:
 
 
 class _Signals:
-    """SIGINT/SIGTERM set a flag; the loop finishes the step in flight, publishes and stops."""
+    """SIGINT/SIGTERM set a flag from the start of `run`; before training, `check` turns it into
+    RunInterrupted (nothing written); during training the loop finishes the step in flight,
+    publishes and stops."""
 
     def __init__(self, progress: Progress):
         self.received: int | None = None
         self.progress = progress
+        self.training = False           # the update loop has started: a signal is noted
         self._old = {}
 
     def __enter__(self):
         for sig in (signal.SIGINT, signal.SIGTERM):
             self._old[sig] = signal.signal(sig, self._handle)
+            # a signal that came while the process started (host.cli.EarlySignals) counts
+            if self.received is None and getattr(self._old[sig], "received", None):
+                self.received = self._old[sig].received
         return self
 
     def _handle(self, signum, frame):
-        if self.received is None:
+        if self.received is None and self.training:
             self.progress.note(f"{signal.Signals(signum).name}: finishing the step in flight, "
                                "then publishing")
         self.received = signum
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.received).name if self.received else ""
+
+    def check(self, checkpoint) -> None:
+        """Refuse to go on when a signal came before the first step."""
+        if self.received:
+            raise RunInterrupted(f"interrupted by {self.name} before the first step: nothing was "
+                                 f"written (no result file; checkpoint {checkpoint} untouched)",
+                                 "run again to train")
 
     def __exit__(self, *exc):
         for sig, old in self._old.items():
@@ -108,10 +139,9 @@ class _Signals:
 
 def make_backend(name: str, profile):
     if name == "cuda":
-        from .backend_cuda import CudaBackend
         return CudaBackend(profile)
     if name == "interpret":
-        try:
+        try:        # here, not at the top: it imports Triton and torch and sets TRITON_INTERPRET
             from .backend_interpret import InterpretBackend
         except ImportError as e:
             raise RunRefused(f"the interpret backend needs Triton and torch ({e})",
@@ -122,264 +152,330 @@ def make_backend(name: str, profile):
 
 def _resolve_paths(req: Request):
     """Default stream, checkpoint and result paths for `coppelius run` with no arguments."""
-    from staging import synthetic
     tokens = req.tokens
     if tokens is None:
         tokens = synthetic.ensure_default_stream(req.profile, req.directory)
     ckpt = req.checkpoint
+    if ckpt is None or req.result is None:
+        with paths.refusing("directory", req.directory, "create", RunRefused):
+            req.directory.mkdir(parents=True, exist_ok=True)
     if ckpt is None:
-        req.directory.mkdir(parents=True, exist_ok=True)
         ckpt = req.directory / f"{req.profile.name}.ckpt"
-        if not ckpt.exists():
-            ckpt.touch()            # the embedded default starts fresh; a named path never does
-    if req.result is None:
-        req.directory.mkdir(parents=True, exist_ok=True)
+        if not os.path.lexists(ckpt):
+            with paths.refusing("checkpoint", ckpt, "create", RunRefused):
+                ckpt.touch()        # the embedded default starts fresh; a named path never does
     return Path(tokens), Path(ckpt)
 
 
 def run(req: Request, progress: Progress | None = None) -> Summary:
-    from staging.tokens import TokenCache
-
-    from . import checkpoint as ckpt_mod
-    from .result_file import ResultWriter
-
+    """One invocation.  Every refusal (paths, checkpoint envelope and payload, token cache,
+    backend) comes before anything is written: a result file this run created is removed when
+    the run is refused or interrupted before its first step."""
     progress = progress or Progress()
     profile = req.profile
     steps = profile.steps if req.steps is None else req.steps
     if not 0 < steps <= profile.steps:
-        raise RunRefused(f"--steps {steps} is outside 1..{profile.steps}")
-    tokens_path, ckpt_path = _resolve_paths(req)
+        raise RunRefused(f"--steps {steps} is outside 1..{profile.steps}",
+                         f"the {profile.name} profile runs 1 to {profile.steps} steps")
+    with _Signals(progress) as signals:
+        tokens_path, ckpt_path = _resolve_paths(req)
+        ckpt_mod.open_input(ckpt_path, profile).close()   # refuse a bad path before locking
+        # one file under every spelling (a symbolic link, dir/../): lock, read and publish the
+        # resolved path, so that two runs on one checkpoint always contend for one lock
+        resolved = Path(os.path.realpath(ckpt_path))
+        with ckpt_mod.lock(resolved, name=ckpt_path), \
+                ckpt_mod.open_input(resolved, profile, name=ckpt_path) as inp:
+            c0 = inp.update_count
+            cache = TokenCache.open(tokens_path, profile)
+            cache.validate_run(c0, steps, source=None if req.source is None else str(req.source))
+            result_path = Path(req.result or (req.directory / f"{profile.name}-result-c{c0}.bin"))
+            paths.check_output(result_path, "result file", overwrite=req.overwrite,
+                               cls=RunRefused,
+                               exists_hint="pass --overwrite, or name another --result")
+            opened = Opened(steps=steps, inp=inp, cache=cache, checkpoint=ckpt_path,
+                            result=result_path, publish_to=resolved)
+            signals.check(ckpt_path)
+            backend = make_backend(req.backend, profile)
+            with backend:
+                signals.check(ckpt_path)
+                # __exit__ on a refusal removes the file if this run created it and wrote nothing
+                with ResultWriter.create(result_path, profile, overwrite=req.overwrite) as writer:
+                    return _Invocation(req, opened, backend, writer, progress, signals).run()
 
-    ckpt_mod.open_input(ckpt_path, profile).close()  # refuse a missing or foreign path before locking
-    with ckpt_mod.lock(ckpt_path), ckpt_mod.open_input(ckpt_path, profile) as inp:
-        c0 = inp.update_count
-        cache = TokenCache.open(tokens_path, profile)
-        cache.validate_run(c0, steps, source=None if req.source is None else str(req.source))
-        result_path = req.result or (req.directory / f"{profile.name}-result-c{c0}.bin")
-        if result_path.exists() and not req.overwrite:
-            raise RunRefused(f"result file {result_path} exists",
-                             "pass --overwrite, or name another --result")
-        backend = make_backend(req.backend, profile)
-        with backend:
-            with ResultWriter.create(result_path, profile, overwrite=req.overwrite) as writer:
-                return _run_on(req, profile, steps, backend, cache, inp, c0, ckpt_path, writer,
-                               result_path, progress)
+
+class _MarkerSurvived(Exception):
+    """A record marker the submission should have overwritten is still there (SPEC §6)."""
+
+    def __init__(self, name: str):
+        super().__init__(f"{name} record marker survived")
+        self.submission = L.SUBMISSIONS.index(name)
 
 
-class Publisher:
-    """Publishes checkpoints from a device-side snapshot on a thread while training goes on.
+# what ends a run with its tail written; anything else (a host bug) propagates without one
+_FAILURES = (_MarkerSurvived, DeviceError, OSError, ckpt_mod.CheckpointWriteFailed)
+NO_DRIVER_CODE = 0xFFFF         # notifier info32 of a device error without a CUresult
+REASON_BYTES = R.ERROR_NOTIFIER.dtype["reason"].itemsize      # 40 ASCII bytes (SPEC §8)
 
-    `start(n)` waits for the publication in flight, snapshots the payload on the device (between
-    two updates, ~0.25 ms for 692 MB on an H200), and streams the snapshot through the transfer
-    window on a thread; the step loop keeps issuing updates meanwhile.  `wait()` joins it and
-    re-raises its error.  Publishing is ~2 s per 692 MB checkpoint on the 2-core CI machine
-    (docs/PERFORMANCE.md, issue 5): ten of them would otherwise stop the GPU for longer than the
-    10,000 steps take.
-    """
 
-    def __init__(self, backend, ckpt_path, profile, summary, progress):
-        self.backend, self.path, self.profile = backend, ckpt_path, profile
-        self.summary, self.progress = summary, progress
-        self.transfer = backend.staging.transfer
-        self.thread: threading.Thread | None = None
-        self.error: BaseException | None = None
-        self.sha256 = bytes(32)              # of the last published file (the status block's)
-        self.update_count: int | None = None  # of the last publication started
+@dataclass
+class Opened:
+    """What `run` opened and checked before a backend exists."""
+    steps: int
+    inp: ckpt_mod.InputCheckpoint
+    cache: TokenCache
+    checkpoint: Path            # as the user named it (messages, the summary)
+    result: Path
+    publish_to: Path            # the resolved checkpoint path: locked, read, published
 
-    def start(self, update_count: int) -> None:
-        self.wait()
-        self.backend.snapshot()
-        self.update_count = update_count
-        self.thread = threading.Thread(target=self._publish, args=(update_count,),
-                                       name=f"publish-{update_count}", daemon=True)
-        self.thread.start()
 
-    def _publish(self, update_count: int) -> None:
-        from . import checkpoint as ckpt_mod
-        t = time.monotonic()
-        try:
-            pub = ckpt_mod.publish_chunks(
-                self.path, self.profile, update_count,
-                lambda off, n, out: self.backend.download_snapshot_chunk(off, n),
-                transfer=self.transfer)
-        except BaseException as e:          # re-raised by wait() on the run loop's thread
-            self.error = e
-            return
-        self.sha256 = pub.sha256
-        self.summary.publications += 1
-        self.progress.published(update_count, time.monotonic() - t)
+class _Notifier:
+    """The error notifier in staging (SPEC §8): cleared at the start; the first failure, or an
+    interruption, fills it once."""
 
-    def wait(self) -> None:
-        if self.thread is not None:
-            self.thread.join()
-            self.thread = None
-        if self.error is not None:
-            e, self.error = self.error, None
-            raise e
+    def __init__(self, record: np.void, ring: Ring):
+        self.record, self.ring = record, ring
+        record.fill(0)
+        record["step"] = R.NOTIFIER_NO_STEP
+
+    def fill(self, *, info32: int, submission: int, step: int | None, reason: str,
+             status: int) -> None:
+        n = self.record
+        n["time_ns"] = time.clock_gettime_ns(time.CLOCK_REALTIME)
+        n["info32"] = info32
+        n["info16"] = submission
+        n["status"] = status
+        n["sequence"] = self.ring.gp_put
+        n["step"] = R.NOTIFIER_NO_STEP if step is None else step
+        n["reason"] = reason.encode("ascii", "replace")[:REASON_BYTES]
+
+
+def _current_submission(ring: Ring) -> int:
+    if ring.gp_put == 0:
+        return L.SUBMISSION_FORWARD
+    return int(ring.table[ring.gp_put - 1]["submission"])
+
+
+@dataclass(frozen=True)
+class _Failure:
+    """What a failure leaves: the notifier's fields (`reason` puts the cause first, as 40 bytes
+    keep only the start) and the summary's whole message."""
+    outcome: int
+    info32: int
+    submission: int
+    step: int | None
+    reason: str
+    message: str
+
+
+def _host_cause(e: BaseException) -> str:
+    """The cause of a host failure in a few words, errno name first: 'ENOSPC writing chunk 1 of
+    2' (a publication), 'EIO: Input/output error' (another OSError)."""
+    if isinstance(e, ckpt_mod.CheckpointWriteFailed) and e.stage:
+        return f"{paths.errno_name(e)} {e.stage}" if e.errno else e.stage
+    if isinstance(e, OSError) and e.errno:
+        return f"{paths.errno_name(e)}: {e.strerror}"
+    return getattr(e, "message", None) or str(e)
+
+
+def _failure(e: BaseException, ring: Ring, step: int | None, during: str = "") -> _Failure:
+    """The notifier fields and summary message that a failure leaves."""
+    if isinstance(e, _MarkerSurvived):
+        return _Failure(R.OUTCOME_DEVICE_ERROR, R.INFO_MARKER_SURVIVED, e.submission, None,
+                        str(e), str(e))
+    if isinstance(e, DeviceError):
+        return _Failure(R.OUTCOME_DEVICE_ERROR, e.code or NO_DRIVER_CODE,
+                        _current_submission(ring), step, during + str(e), during + str(e))
+    message = str(e)
+    if isinstance(e, OSError) and not isinstance(e, UserError):
+        message = f"host I/O: {paths.errno_text(e)}" + (f": {e.filename}" if e.filename else "")
+    return _Failure(R.OUTCOME_HOST_ERROR, R.INFO_HOST_IO, _current_submission(ring), None,
+                    _host_cause(e), message)
+
+
+@contextlib.contextmanager
+def _switch_interval(seconds: float):
+    # a publisher thread must not hold the GIL for 5 ms while the loop waits on a ~1 ms fence
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(seconds)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
 
 
 def _upload_fresh(backend, profile) -> None:
     """Fresh initialization (SPEC §4) through the transfer window: P drawn, M = V = 0."""
-    from plan import reference
-    transfer = backend.staging.transfer
     P = reference.init_parameters(profile)                          # (N,) fp32
-    payload = P.view(np.uint8)
-    for off in range(0, profile.payload_bytes, L.TRANSFER_WINDOW_BYTES):
-        n = min(L.TRANSFER_WINDOW_BYTES, profile.payload_bytes - off)
-        k = min(n, max(0, payload.size - off))                       # bytes of P in this chunk
-        transfer[:k] = payload[off:off + k]
-        transfer[k:n] = 0
-        backend.upload_chunk(off, n)
+    backend.upload_payload(P.view(np.uint8))                        # zeros after P
 
 
-def _run_on(req, profile, steps, backend, cache, inp, c0, ckpt_path, writer, result_path,
-            progress) -> Summary:
-    from . import checkpoint as ckpt_mod
-    from .ring import Ring
-
-    t_start = time.monotonic()
-    views = backend.staging
-    dev = backend.device()
-    summary = Summary(c0=c0, steps_planned=steps, update_count=c0, result=result_path,
-                      checkpoint=ckpt_path)
-    ring = Ring(backend, capacity=steps + 2, timeout_s=req.fence_timeout_s)
-    publisher = Publisher(backend, ckpt_path, profile, summary, progress)
-    notifier = views.error_notifier[0]
-    notifier.fill(0)
-    notifier["step"] = R.NOTIFIER_NO_STEP
-    payload_sha = bytes(32)
-
-    def fail(outcome: int, info32: int, submission: int, step: int | None, reason: str):
-        if summary.outcome not in (R.OUTCOME_COMPLETED, R.OUTCOME_INTERRUPTED):
-            return                          # the first failure is the one the notifier keeps
-        summary.outcome = outcome
-        summary.error = reason
-        notifier["time_ns"] = time.clock_gettime_ns(time.CLOCK_REALTIME)
-        notifier["info32"] = info32
-        notifier["info16"] = submission
-        notifier["status"] = R.NOTIFIER_STATUS_ERROR
-        notifier["sequence"] = ring.gp_put
-        notifier["step"] = R.NOTIFIER_NO_STEP if step is None else step
-        notifier["reason"] = reason.encode("ascii", "replace")[:40]
-
-    context = c0
-    fwd_off, fin_off = L.record_forward_offset(profile), L.record_final_offset(profile)
-    switch = sys.getswitchinterval()
-    # a publisher thread must not hold the GIL for 5 ms while the loop waits on a ~1 ms fence
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
-    with _Signals(progress) as signals:
-        try:
-            # ---- parameters onto the device ----
-            if inp.fresh:
-                _upload_fresh(backend, profile)
-            else:
-                loaded = inp.load_chunks(lambda off, view: backend.upload_chunk(off, len(view)),
-                                         transfer=views.transfer)
-                payload_sha = loaded.payload_sha256
-            backend.instantiate(t_base=c0 - 1)
-            floor = None
-            if req.tokens is None:
-                from staging import synthetic
-                floor = synthetic.loss_floor(profile)
-            progress.start(summary, floor, profile.context)
-            # ---- forward submission: record forward part and predictions on context c0 ----
-            cache.write_input_record(views, context)
-            views.write_marker(fwd_off)
-            ring.run(L.SUBMISSION_FORWARD, context, None)
-            if views.marker_survived(fwd_off):
-                raise _MarkerSurvived("forward")
-            writer.write_forward(views.bytes_at(fwd_off, L.record_forward_bytes(profile)))
-            # ---- one update issue per step ----
-            loss_record = views.f32(L.LOSS_RECORD, L.LOSS_RECORD_BYTES // 4)   # (T,) ce rows
-            for s in range(steps):
-                if signals.received:
-                    break
-                context = c0 + s
-                cache.write_input_record(views, context)
-                ring.run(L.SUBMISSION_UPDATE, context, s)
-                writer.append_step(views.bytes_at(L.LOSS_RECORD, L.LOSS_RECORD_BYTES))
-                summary.steps_completed = s + 1
-                summary.update_count = c0 + s + 1
-                loss = float(loss_record.mean(dtype=np.float64))
-                summary.losses.append(loss)
-                progress.step(s, loss)
-                if (s + 1 == steps or (s + 1) % profile.checkpoint_interval == 0
-                        or signals.received):
-                    publisher.start(summary.update_count)
-            if signals.received and summary.steps_completed < steps:
-                summary.outcome = R.OUTCOME_INTERRUPTED
-                summary.error = f"interrupted by {signal.Signals(signals.received).name}"
-                if publisher.update_count != summary.update_count and summary.steps_completed:
-                    publisher.start(summary.update_count)
-            # ---- final submission on the last step's context with the final parameters ----
-            views.write_marker(fin_off)
-            ring.run(L.SUBMISSION_FINAL, context, None)
-            if views.marker_survived(fin_off):
-                raise _MarkerSurvived("final")
-        except _MarkerSurvived as e:
-            fail(R.OUTCOME_DEVICE_ERROR, R.INFO_MARKER_SURVIVED, e.submission, None,
-                 f"{L.SUBMISSIONS[e.submission]} record marker survived")
-        except DeviceError as e:
-            step = summary.steps_completed if summary.steps_completed < steps else None
-            fail(R.OUTCOME_DEVICE_ERROR, e.code or 0xFFFF, _current_submission(ring), step, str(e))
-        except (OSError, ckpt_mod.CheckpointWriteFailed) as e:
-            fail(R.OUTCOME_HOST_ERROR, R.INFO_HOST_IO, _current_submission(ring), None,
-                 f"host I/O: {getattr(e, 'strerror', None) or e}")
-        finally:
-            sys.setswitchinterval(switch)
-        # the last publication must be complete (and its digest known) before the tail
-        try:
-            publisher.wait()
-        except DeviceError as e:
-            fail(R.OUTCOME_DEVICE_ERROR, e.code or 0xFFFF, _current_submission(ring), None,
-                 f"publication: {e}")
-        except (OSError, ckpt_mod.CheckpointWriteFailed) as e:
-            fail(R.OUTCOME_HOST_ERROR, R.INFO_HOST_IO, _current_submission(ring), None,
-                 f"host I/O: {getattr(e, 'strerror', None) or e}")
-        if summary.outcome == R.OUTCOME_INTERRUPTED:
-            notifier["time_ns"] = time.clock_gettime_ns(time.CLOCK_REALTIME)
-            notifier["info16"] = L.SUBMISSION_UPDATE
-            notifier["sequence"] = ring.gp_put
-            notifier["step"] = summary.steps_completed
-            notifier["reason"] = summary.error.encode("ascii", "replace")[:40]
-
-    # ---- the tail ----
-    if not writer.forward_written:      # the forward submission failed: keep what staging holds
-        writer.write_forward(views.bytes_at(fwd_off, L.record_forward_bytes(profile)))
-    summary.wall_s = time.monotonic() - t_start
+def _stat_record(inp, ring: Ring, views, payload_sha256: bytes) -> bytes:
     st = inp.restat()                   # the input as opened at the start, taken after the run
-    stat = R.STAT_RECORD.pack(
+    return R.STAT_RECORD.pack(
         st_dev=st.st_dev, st_ino=st.st_ino, st_size=st.st_size, st_mode=st.st_mode,
         st_nlink=st.st_nlink, st_uid=st.st_uid, st_gid=st.st_gid, st_atime_ns=st.st_atime_ns,
         st_mtime_ns=st.st_mtime_ns, st_ctime_ns=st.st_ctime_ns, st_blocks=st.st_blocks,
-        st_blksize=st.st_blksize, update_count=c0, gp_get=ring.gp_get, gp_put=ring.gp_put,
-        semaphore_word=int(views.u32(L.SEMAPHORES, 1)[0]),
-        payload_sha256=np.frombuffer(payload_sha, np.uint8))
-    status = R.STATUS_BLOCK.pack(
-        magic=R.STATUS_MAGIC, version=R.STATUS_VERSION, outcome=summary.outcome, c0=c0,
-        steps_planned=steps, steps_completed=summary.steps_completed,
+        st_blksize=st.st_blksize, update_count=inp.update_count, gp_get=ring.gp_get,
+        gp_put=ring.gp_put, semaphore_word=int(views.first_semaphore_word[0]),
+        payload_sha256=np.frombuffer(payload_sha256, np.uint8))
+
+
+def _status_block(summary: Summary, ring: Ring, backend, views, checkpoint_sha256: bytes) -> bytes:
+    dev = backend.device()
+    return R.STATUS_BLOCK.pack(
+        magic=R.STATUS_MAGIC, version=R.STATUS_VERSION, outcome=summary.outcome, c0=summary.c0,
+        steps_planned=summary.steps_planned, steps_completed=summary.steps_completed,
         update_count=summary.update_count, gp_get=ring.gp_get, gp_put=ring.gp_put,
         publications=summary.publications, backend=backend.code,
         wall_ns=int(summary.wall_s * 1e9), predictions=views.predictions.copy(),
         compute_capability=dev.compute_capability, driver_version=dev.driver_version,
-        checkpoint_sha256=np.frombuffer(publisher.sha256, np.uint8),
+        checkpoint_sha256=np.frombuffer(checkpoint_sha256, np.uint8),
         device_name=dev.name.encode("ascii", "replace")[:24])
-    writer.write_tail(stat=stat,
-                      loss_block=views.bytes_at(L.LOSS_BLOCK, L.LOSS_BLOCK_BYTES),
-                      final_part=views.bytes_at(fin_off, L.record_final_bytes(profile)),
-                      semaphores=views.bytes_at(L.SEMAPHORES, L.SEMAPHORE_REGION_BYTES),
-                      error_notifier=views.bytes_at(L.ERROR_NOTIFIER, L.ERROR_NOTIFIER_BYTES),
-                      status=status, timestamps=ring.entries().tobytes())
-    progress.stop()
-    return summary
 
 
-class _MarkerSurvived(Exception):
-    def __init__(self, name: str):
-        self.submission = L.SUBMISSIONS.index(name)
+def tail_sections(views, stat: bytes, status: bytes, timestamps: np.ndarray) -> dict:
+    """The result file's tail (SPEC §9): the stat record and status block the host packs, the
+    rest copied from the staging views as the run left them."""
+    return dict(stat=stat, loss_block=views.loss_block, final_part=views.record_final,
+                semaphores=views.semaphores, error_notifier=views.error_notifier,
+                status=status, timestamps=timestamps)
 
 
-def _current_submission(ring) -> int:
-    if ring.gp_put == 0:
-        return L.SUBMISSION_FORWARD
-    return int(ring.table[ring.gp_put - 1]["submission"])
+class _Invocation:
+    """One run on an open backend, in protocol order: parameters onto the device, forward,
+    one update issue per step (publishing every interval), final, then the tail."""
+
+    def __init__(self, req: Request, opened: Opened, backend, writer, progress: Progress,
+                 signals: _Signals):
+        self.req, self.profile, self.steps = req, req.profile, opened.steps
+        self.opened, self.backend, self.writer, self.progress = opened, backend, writer, progress
+        self.signals = signals
+        self.views = backend.staging
+        self.c0 = opened.inp.update_count
+        self.summary = Summary(c0=self.c0, steps_planned=self.steps, update_count=self.c0,
+                               result=opened.result, checkpoint=opened.checkpoint)
+        self.ring = Ring(backend, capacity=self.steps + 2, timeout_s=req.fence_timeout_s)
+        self.publisher = Publisher(backend, opened.publish_to, self.profile, self.summary, progress)
+        self.notifier = _Notifier(self.views.error_notifier[0], self.ring)
+        self.payload_sha256 = bytes(32)     # of the loaded checkpoint's payload; zeros when fresh
+        self.forward_part: np.ndarray | None = None   # (3, V) f32, written with the first step
+        self.forward_offset = L.record_forward_offset(self.profile)
+        self.final_offset = L.record_final_offset(self.profile)
+
+    def run(self) -> Summary:
+        try:
+            return self._run()
+        except BaseException:
+            self.progress.stop()        # a refusal's one line must not land inside a live bar
+            raise
+        finally:
+            # an unexpected error must not leave a thread streaming through staging as it goes
+            if not self.publisher.join(PUBLISHER_JOIN_S):
+                self.backend.abandon("a publisher thread still streams through the staging region")
+
+    def _run(self) -> Summary:
+        t_start = time.monotonic()
+        summary, signals = self.summary, self.signals
+        try:
+            with _switch_interval(SWITCH_INTERVAL_S):
+                self.load_parameters()
+                self.backend.instantiate(t_base=self.c0 - 1)
+                signals.check(self.opened.checkpoint)
+                floor = synthetic.loss_floor(self.profile) if self.req.tokens is None else None
+                self.progress.start(summary, floor, self.profile.context)
+                self.forward()
+                context = self.updates()
+                self.final(context)
+        except _FAILURES as e:
+            step = summary.steps_completed if summary.steps_completed < self.steps else None
+            self.record_failure(_failure(e, self.ring, step))
+        # the last publication must be complete (and its digest known) before the tail
+        try:
+            self.publisher.wait()
+        except _FAILURES as e:
+            self.record_failure(_failure(e, self.ring, None, during="publication: "))
+        if summary.outcome == R.OUTCOME_INTERRUPTED:
+            self.notifier.fill(info32=0, submission=L.SUBMISSION_UPDATE,
+                               step=summary.steps_completed, reason=summary.error,
+                               status=R.NOTIFIER_STATUS_NONE)
+        if not self.writer.forward_written:  # no step window reached the file: write it now
+            self.writer.write_forward(self.views.record_forward if self.forward_part is None
+                                      else self.forward_part)
+        summary.wall_s = time.monotonic() - t_start
+        self.write_tail()
+        self.progress.stop()
+        return summary
+
+    def load_parameters(self) -> None:
+        inp = self.opened.inp
+        if inp.fresh:
+            _upload_fresh(self.backend, self.profile)
+            return
+        loaded = inp.load_chunks(lambda off, view: self.backend.upload_chunk(off, len(view)),
+                                 transfer=self.views.transfer)
+        self.payload_sha256 = loaded.payload_sha256
+
+    def forward(self) -> None:
+        """Forward submission: the record's forward part and predictions on context c0.  The part
+        reaches the file with the first step window, so that a run interrupted before its first
+        step writes nothing."""
+        self.opened.cache.write_input_record(self.views, self.c0)
+        self.views.write_marker(self.forward_offset)
+        self.ring.run(L.SUBMISSION_FORWARD, self.c0, None)
+        if self.views.marker_survived(self.forward_offset):
+            raise _MarkerSurvived("forward")
+        self.forward_part = np.array(self.views.record_forward, copy=True)
+
+    def updates(self) -> int:
+        """One update issue per step until done or signalled; returns the last step's context."""
+        summary, c0, steps, signals = self.summary, self.c0, self.steps, self.signals
+        context = c0
+        signals.training = True
+        for s in range(steps):
+            if s == 0:
+                signals.check(self.opened.checkpoint)
+            elif signals.received:
+                break
+            context = c0 + s
+            self.opened.cache.write_input_record(self.views, context)
+            self.ring.run(L.SUBMISSION_UPDATE, context, s)
+            if s == 0:
+                self.writer.write_forward(self.forward_part)
+            self.writer.append_step(self.views.loss_record)
+            summary.steps_completed = s + 1
+            summary.update_count = c0 + s + 1
+            loss = float(self.views.loss_record.mean(dtype=np.float64))   # (T,) ce rows
+            summary.losses.append(loss)
+            self.progress.step(s, loss)
+            if (s + 1 == steps or (s + 1) % self.profile.checkpoint_interval == 0
+                    or signals.received):
+                self.publisher.start(summary.update_count)
+        if signals.received and summary.steps_completed < steps:
+            summary.outcome = R.OUTCOME_INTERRUPTED
+            summary.error = f"interrupted by {signals.name}"
+            if self.publisher.update_count != summary.update_count and summary.steps_completed:
+                self.publisher.start(summary.update_count)
+        return context
+
+    def final(self, context: int) -> None:
+        """Final submission on the last step's context with the final parameters."""
+        self.views.write_marker(self.final_offset)
+        self.ring.run(L.SUBMISSION_FINAL, context, None)
+        if self.views.marker_survived(self.final_offset):
+            raise _MarkerSurvived("final")
+
+    def record_failure(self, failure: _Failure) -> None:
+        """The first failure is the one the summary and the notifier keep (an interruption
+        before it is overridden)."""
+        if self.summary.outcome not in (R.OUTCOME_COMPLETED, R.OUTCOME_INTERRUPTED):
+            return
+        self.summary.outcome, self.summary.error = failure.outcome, failure.message
+        self.notifier.fill(info32=failure.info32, submission=failure.submission,
+                           step=failure.step, reason=failure.reason,
+                           status=R.NOTIFIER_STATUS_ERROR)
+
+    def write_tail(self) -> None:
+        stat = _stat_record(self.opened.inp, self.ring, self.views, self.payload_sha256)
+        status = _status_block(self.summary, self.ring, self.backend, self.views,
+                               self.publisher.sha256)
+        self.writer.write_tail(**tail_sections(self.views, stat, status, self.ring.entries()))

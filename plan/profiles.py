@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from staging.errors import UserError
+
 SEED = 20260925                 # SPEC §2: fresh initialization draws from this
 CHUNK_BYTES = 4 * 1024 * 1024   # SPEC §10: checkpoint chunk = the staging transfer window
 PLANES = 3                      # P, M, V
@@ -69,20 +71,28 @@ class Learner:
 
 @dataclass(frozen=True)
 class Profile:
-    name: str
+    """One model, its run policy and its identities (SPEC §2–§3).
+
+    Glossary: the letters SPEC.md, docs/NUMERICS.md, the kernels and the launch lists use.
+      V vocab      T context    D width      L layers
+      H heads      G kv_heads   d head_dim   F hidden
+    Derived: H·d = q_width, G·d = kv_width, W = (H + 2G)·d the fused q|k|v columns
+    (plan.buffers.qkv_width), N = parameter_count (elements of one P/M/V plane).
+    """
+    name: str                   # "coppelius" (production) or "tiny" (tests, CPU demos)
     model_tag: str              # names the model in the learner identity
-    vocab: int
-    context: int
-    width: int
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    hidden: int
-    steps: int
-    checkpoint_interval: int
-    seed: int = SEED
-    learner: Learner = field(default_factory=Learner)
+    vocab: int                  # V: token ids 0..V-1; rows of the embedding E and the head
+    context: int                # T: tokens per context; rows of every activation
+    width: int                  # D: the residual stream's columns
+    layers: int                 # L: transformer layers
+    heads: int                  # H: query heads
+    kv_heads: int               # G: key/value heads; query head h reads kv head h // (H/G)
+    head_dim: int               # d: columns per head (rotary rotates pairs i, i + d/2)
+    hidden: int                 # F: SwiGLU hidden width (Wgate and Wup are (F, D))
+    steps: int                  # AdamW updates per run
+    checkpoint_interval: int    # updates between checkpoint publications
+    seed: int = SEED            # fresh initialization draws from it (SPEC §4)
+    learner: Learner = field(default_factory=Learner)   # AdamW hyperparameters (SPEC §4)
 
     # ---- derived sizes ----
     @property
@@ -192,15 +202,16 @@ TINY = Profile(name="tiny", model_tag="tiny", vocab=512, context=1024, width=128
 PROFILES: dict[str, Profile] = {p.name: p for p in (COPPELIUS, TINY)}
 
 
-class UnknownProfile(KeyError):
-    pass
+class UnknownProfile(UserError, KeyError):
+    """A profile name that is not in PROFILES: a refusal with a hint (and still a KeyError)."""
 
 
 def get(name: str) -> Profile:
     try:
         return PROFILES[name]
     except KeyError:
-        raise UnknownProfile(f"unknown profile {name!r}; known: {', '.join(PROFILES)}") from None
+        raise UnknownProfile(f"unknown profile {name!r}; known: {', '.join(PROFILES)}",
+                             "`coppelius profiles` lists them with their dimensions") from None
 
 
 def names() -> list[str]:

@@ -86,22 +86,8 @@ def check_layout(profile) -> None:
                          f"past the transfer window at {TRANSFER_WINDOW:#x}")
 
 
-# ---- result file sections (SPEC §9) ----
+# ---- result file (SPEC §9): sizes reserved here; the section table is staging.result_sections
 STEP_WINDOW_BYTES = LOSS_RECORD_BYTES   # one step's per-row cross-entropy in the result file
 STAT_RECORD_BYTES = 160
 STATUS_BLOCK_BYTES = 160
 TIMESTAMP_ENTRY_BYTES = 64
-
-
-def result_tail_bytes(profile, issues: int) -> int:
-    """Bytes after the step windows: stat, loss block, final part, semaphores, notifier,
-    status block, timestamp table."""
-    return (STAT_RECORD_BYTES + LOSS_BLOCK_BYTES + record_final_bytes(profile)
-            + SEMAPHORE_REGION_BYTES + ERROR_NOTIFIER_BYTES + STATUS_BLOCK_BYTES
-            + TIMESTAMP_ENTRY_BYTES * issues)
-
-
-def result_file_bytes(profile, steps_completed: int, issues: int) -> int:
-    """Exact size of a result file; a completed run has issues = steps + 2 (forward, final)."""
-    return (record_forward_bytes(profile) + STEP_WINDOW_BYTES * steps_completed
-            + result_tail_bytes(profile, issues))

@@ -98,6 +98,8 @@ NOTIFIER_NO_STEP = 0xFFFFFFFF
 INFO_FENCE_TIMEOUT = 0x10001
 INFO_MARKER_SURVIVED = 0x10002
 INFO_HOST_IO = 0x10003
+INFO_NAMES = {INFO_FENCE_TIMEOUT: "fence timeout", INFO_MARKER_SURVIVED: "record marker survived",
+              INFO_HOST_IO: "host I/O"}     # info32 codes of the host; others are CUresults
 
 STATUS_MAGIC = b"COPPSTAT"
 STATUS_VERSION = 1

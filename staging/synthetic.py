@@ -50,12 +50,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from host.errors import UserError
+from .errors import UserError
 
 CONTEXTS = 20_000                      # SPEC §14: enough for two consecutive runs
 STREAM_HEADER = bytes(16)              # SPEC §5: mtime 0 and size 0 mark a generated stream
 STREAM_SUFFIX = "-stream.tokens"
-DEFAULT_DIRECTORY = "coppelius-run"
+DEFAULT_DIRECTORY = "coppelius-run"    # where `coppelius run` with no arguments keeps its files
 _CHUNK_CONTEXTS = 1000                 # bounds peak memory (~50 MB of int64 per chunk)
 _KEY_DOMAIN = 0x5354524541          # "STREA": separates this key from the initialization's
 

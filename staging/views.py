@@ -28,7 +28,10 @@ def poison(buffer, offset: int = 0, size: int | None = None) -> None:
 
 
 class StagingViews:
-    """Named views of the staging fields.  Every array aliases `buffer`; nothing is copied."""
+    """Named views of the staging fields.  Every array aliases `buffer`; nothing is copied.
+
+    The result file's sections are these views as bytes (`record_forward`, `loss_record`,
+    `loss_block`, `record_final`, `semaphores`, `error_notifier`): writers take any array."""
 
     def __init__(self, buffer, profile):
         raw = buffer if isinstance(buffer, np.ndarray) else np.frombuffer(buffer, np.uint8)
@@ -44,6 +47,7 @@ class StagingViews:
         self.inputs = self.u32(L.INPUTS, T)                                  # (T,)
         self.targets = self.u32(L.TARGETS, T)                                # (T,)
         self.semaphores = R.SEMAPHORE_SLOT.view(raw, len(L.SUBMISSIONS), L.SEMAPHORES)  # (3,)
+        self.first_semaphore_word = self.u32(L.SEMAPHORES, 1)   # (1,) the stat record's (SPEC §9)
         self.error_notifier = R.ERROR_NOTIFIER.view(raw, 1, L.ERROR_NOTIFIER)  # (1,)
         self.doorbell = self.u32(L.DOORBELL, 1)                              # (1,)
         self.loss_block = self.f32(L.LOSS_BLOCK, L.LOSS_BLOCK_BYTES // 4).reshape(

@@ -2,8 +2,12 @@
 
 Device memory is host memory (so copies are real); the mapped staging region's device address is
 its host address plus DEVICE_ALIAS, so a wrong pointer is caught.  Launches are recorded; a graph
-launch replays them, executing only the release kernel (doorbell → semaphore record), which is all
-the run loop needs to observe fences.  Every call returns `(CUresult, *values)` like the bindings.
+launch replays them, executing only the hand-written kernels — release (doorbell → semaphore
+record) and release_stage_in (the input record and doorbell into device memory, then the
+pre-launch record) — which is all the run loop needs to observe fences.  Every call returns
+`(CUresult, *values)` like the bindings.  Modules load through cuModuleLoadDataEx with JIT logs
+written into the caller's buffers; a device's opt-in shared memory, per-function attributes, JIT
+refusals and a hung stream are configurable.
 """
 from __future__ import annotations
 
@@ -13,18 +17,24 @@ import re
 import time
 from types import SimpleNamespace
 
+from staging import layout as SL
+
 DEVICE_ALIAS = 0x7000_0000_0000        # mapped memory's device address = host address + this
 
 
 class CUresult(enum.IntEnum):
     CUDA_SUCCESS = 0
     CUDA_ERROR_INVALID_VALUE = 1
+    CUDA_ERROR_INVALID_PTX = 218
     CUDA_ERROR_NOT_FOUND = 500
     CUDA_ERROR_NOT_READY = 600
     CUDA_ERROR_ILLEGAL_ADDRESS = 700
 
 
 OK = CUresult.CUDA_SUCCESS
+# opt-in shared memory per block by compute capability (CUDA programming guide, bytes)
+SHARED_OPTIN = {(8, 0): 166912, (8, 6): 101376, (8, 9): 101376, (9, 0): 232448, (12, 0): 101376}
+DEFAULT_FUNCTION = {"regs": 32, "local": 0, "static_shared": 0, "max_threads": 1024}
 
 
 class FakeDriver:
@@ -33,14 +43,35 @@ class FakeDriver:
     CU_MEMHOSTALLOC_DEVICEMAP = 2
     CUdevice_attribute = SimpleNamespace(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR="major",
                                          CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR="minor",
-                                         CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY="map")
+                                         CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY="map",
+                                         CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN="optin")
     CUstream_flags = SimpleNamespace(CU_STREAM_NON_BLOCKING=1)
     CUstreamCaptureMode = SimpleNamespace(CU_STREAM_CAPTURE_MODE_THREAD_LOCAL=1)
-    CUfunction_attribute = SimpleNamespace(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES=8)
+    CUfunction_attribute = SimpleNamespace(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES=8,
+                                           CU_FUNC_ATTRIBUTE_NUM_REGS="regs",
+                                           CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES="local",
+                                           CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES="static_shared",
+                                           CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK="max_threads")
+    CUjit_option = SimpleNamespace(CU_JIT_INFO_LOG_BUFFER="info",
+                                   CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES="info_n",
+                                   CU_JIT_ERROR_LOG_BUFFER="error",
+                                   CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES="error_n",
+                                   CU_JIT_LOG_VERBOSE="verbose")
 
-    def __init__(self, cc=(9, 0), fail_graph_launch: CUresult | None = None):
+    def __init__(self, cc=(9, 0), fail_graph_launch: CUresult | None = None,
+                 shared_optin: int | None = None, jit_errors: dict | None = None,
+                 functions: dict | None = None, hang: bool = False):
+        """`jit_errors`: entry name -> error log of a module the JIT refuses; `functions`: entry
+        name -> attribute overrides ({"regs", "local", "static_shared", "max_threads",
+        "spill"}); `hang`: graph launches never finish (the stream stays busy)."""
         self.cc = cc
         self.fail_graph_launch = fail_graph_launch
+        self.shared_optin = SHARED_OPTIN.get(cc, 101376) if shared_optin is None else shared_optin
+        self.jit_errors = jit_errors or {}
+        self.functions = functions or {}
+        self.hang = hang
+        self.busy = False              # a hung graph launch is "running"
+        self.shared_opt_ins = {}       # function -> dynamic shared bytes allowed
         self.allocations = {}          # device ptr -> ctypes buffer
         self.host = {}                 # host ptr -> ctypes buffer (pinned, mapped)
         self.modules = {}
@@ -57,7 +88,8 @@ class FakeDriver:
     def cuDriverGetVersion(self): return (OK, 13000)
     def cuDeviceGetName(self, n, dev): return (OK, b"Fake H200\0")
     def cuDeviceGetAttribute(self, attr, dev):
-        return (OK, {"major": self.cc[0], "minor": self.cc[1], "map": 1}[attr])
+        return (OK, {"major": self.cc[0], "minor": self.cc[1], "map": 1,
+                     "optin": self.shared_optin}[attr])
     def cuDevicePrimaryCtxRetain(self, dev): return (OK, "ctx")
     def cuDevicePrimaryCtxRelease(self, dev): return (OK,)
     def cuCtxSetCurrent(self, ctx): return (OK,)
@@ -68,9 +100,11 @@ class FakeDriver:
     def cuStreamQuery(self, s):
         if self.sticky_error is not None:
             return (self.sticky_error,)
-        return (OK,)
+        return (CUresult.CUDA_ERROR_NOT_READY,) if self.busy else (OK,)
 
     def cuStreamSynchronize(self, s):
+        if self.busy:
+            raise AssertionError("fake device: cuStreamSynchronize on a hung stream never returns")
         return (self.sticky_error or OK,)
 
     # ---- memory
@@ -127,14 +161,38 @@ class FakeDriver:
         return self._op(lambda: ctypes.memset(self.to_host(int(dst)), value, n))
 
     # ---- modules
-    def cuModuleLoadData(self, image):
+    def cuModuleLoadDataEx(self, image, n, options, values):
+        assert n == len(options) == len(values)
+        opts = dict(zip(options, values))
         text = ctypes.string_at(int(image)).decode("ascii")   # a NUL-terminated image address
-        if not text.startswith("//") and ".version" not in text:
-            return (CUresult.CUDA_ERROR_INVALID_VALUE, None)
         entries = set(re.findall(r"\.entry\s+(\w+)", text))
+        if ".version" not in text:
+            return self._jit_log(opts, "error", "ptxas fatal   : not a PTX file",
+                                 CUresult.CUDA_ERROR_INVALID_PTX)
+        for entry in sorted(entries):
+            if entry in self.jit_errors:
+                return self._jit_log(opts, "error", self.jit_errors[entry],
+                                     CUresult.CUDA_ERROR_INVALID_PTX)
+        info = []
+        for entry in sorted(entries):
+            f = {**DEFAULT_FUNCTION, **self.functions.get(entry, {})}
+            spill = f.get("spill", 0)
+            arch = f"sm_{self.cc[0]}{self.cc[1]}"
+            info += [f"ptxas info    : Compiling entry function '{entry}' for '{arch}'",
+                     f"ptxas info    : Function properties for {entry}",
+                     f"    0 bytes stack frame, {spill} bytes spill stores, {spill} bytes spill loads",
+                     f"ptxas info    : Used {f['regs']} registers"]
+        self._jit_log(opts, "info", "\n".join(info), OK)
         handle = len(self.modules) + 1
         self.modules[handle] = entries
         return (OK, handle)
+
+    @staticmethod
+    def _jit_log(opts, which, text, code):
+        buf = opts[which]
+        data = text.encode()[:opts[f"{which}_n"] - 1] + b"\0"
+        buf[:len(data)] = data
+        return (code, None)
 
     def cuModuleGetFunction(self, module, name):
         name = name.decode()
@@ -142,8 +200,15 @@ class FakeDriver:
             return (CUresult.CUDA_ERROR_NOT_FOUND, None)
         return (OK, name)
 
+    def cuFuncGetAttribute(self, attr, f):
+        return (OK, {**DEFAULT_FUNCTION, **self.functions.get(f, {})}[attr])
+
     def cuModuleUnload(self, m): return (OK,)
-    def cuFuncSetAttribute(self, f, attr, value): return (OK,)
+    def cuFuncSetAttribute(self, f, attr, value):
+        if value > self.shared_optin:
+            return (CUresult.CUDA_ERROR_INVALID_VALUE,)
+        self.shared_opt_ins[f] = value
+        return (OK,)
 
     # ---- launches and graphs
     def cuLaunchKernel(self, f, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
@@ -152,11 +217,16 @@ class FakeDriver:
         self.launch_log.append(record)
 
         def run():
-            if f == "release":
-                ptrs = (ctypes.c_void_p * 2).from_address(record[4])
-                doorbell = ctypes.c_uint64.from_address(ptrs[0]).value
-                slot = ctypes.c_uint64.from_address(ptrs[1]).value
+            if f in ("release", "release_stage_in"):
+                n = 4 if f == "release_stage_in" else 2
+                ptrs = (ctypes.c_void_p * n).from_address(record[4])
+                doorbell, slot = (ctypes.c_uint64.from_address(ptrs[i]).value for i in range(2))
                 seq = ctypes.c_uint32.from_address(self.to_host(doorbell)).value
+                if f == "release_stage_in":           # 8 KiB record, then the doorbell
+                    src, dst = (ctypes.c_uint64.from_address(ptrs[i]).value for i in (2, 3))
+                    ctypes.memmove(self.to_host(dst), self.to_host(src), SL.INPUT_RECORD_BYTES)
+                    doorbell_copy = self.to_host(dst) + SL.INPUT_RECORD_BYTES
+                    ctypes.c_uint32.from_address(doorbell_copy).value = seq
                 base = self.to_host(slot)
                 ctypes.c_uint64.from_address(base + 8).value = time.time_ns()
                 ctypes.c_uint32.from_address(base + 4).value = 0
@@ -176,6 +246,9 @@ class FakeDriver:
     def cuGraphInstantiate(self, graph, flags): return (OK, ("exec", graph))
 
     def cuGraphLaunch(self, exec_, stream):
+        if self.hang:
+            self.busy = True            # never finishes: no release reaches the semaphores
+            return (OK,)
         if self.fail_graph_launch is not None:
             self.sticky_error = self.fail_graph_launch
             return (OK,)                # the fault shows up later, as on a real device

@@ -7,6 +7,7 @@ import sys
 
 import numpy as np
 import pytest
+from backend_support import download_payload
 
 from host.backend import BackendUnavailable
 from host.backend_cuda import choose_target
@@ -95,16 +96,9 @@ def test_payload_round_trip_through_the_transfer_window():
     with CudaBackend(p) as b:
         rng = np.random.default_rng(1)
         payload = rng.integers(0, 256, p.payload_bytes, dtype=np.uint8)
-        for off in range(0, p.payload_bytes, L.TRANSFER_WINDOW_BYTES):
-            n = min(L.TRANSFER_WINDOW_BYTES, p.payload_bytes - off)
-            b.staging.transfer[:n] = payload[off:off + n]
-            b.upload_chunk(off, n)
+        b.upload_payload(payload)
         b.staging.transfer[:] = 0
-        back = np.empty_like(payload)
-        for off in range(0, p.payload_bytes, L.TRANSFER_WINDOW_BYTES):
-            n = min(L.TRANSFER_WINDOW_BYTES, p.payload_bytes - off)
-            b.download_chunk(off, n)
-            back[off:off + n] = b.staging.transfer[:n]
+        back = download_payload(b)
         assert np.array_equal(payload, back)
 
 

@@ -54,7 +54,7 @@ def test_every_launch_resolves_to_the_right_addresses(fake, cc, target):
         assert len(f.graphs) == 3
         log = iter(f.launch_log)
         for sub in subs:
-            assert sub.launches[0].function == launches.RELEASE
+            assert sub.launches[0].function == launches.STAGE_IN
             assert sub.launches[-1].function == launches.RELEASE
             for launch in sub.launches:
                 fn, grid, block, shared, addr = next(log)
@@ -103,10 +103,7 @@ def test_payload_moves_through_the_transfer_window(fake):
     with CudaBackend(TINY) as b:
         rng = np.random.default_rng(3)
         payload = rng.integers(0, 256, TINY.payload_bytes, dtype=np.uint8)
-        for off in range(0, TINY.payload_bytes, L.TRANSFER_WINDOW_BYTES):
-            n = min(L.TRANSFER_WINDOW_BYTES, TINY.payload_bytes - off)
-            b.staging.transfer[:n] = payload[off:off + n]
-            b.upload_chunk(off, n)
+        b.upload_payload(payload)
         pmv = (ctypes.c_uint8 * TINY.payload_bytes).from_address(b.buffers["pmv"].ptr)
         assert np.array_equal(np.frombuffer(pmv, np.uint8), payload)
         b.staging.transfer[:] = 0
@@ -186,3 +183,331 @@ def test_host_buffer_is_zero_copy_with_and_without_cffi(monkeypatch):
         view = np.frombuffer(drv.host_buffer(addr, 64), np.uint8)
         view[-1] = 7 + blocked
         assert backing.raw[-1] == 7 + blocked
+
+
+# ---- manifests: exactly the build tool's schema, each PTX file checked against its digest ----
+
+def _manifest_copy(tmp_path, edit=None):
+    import json
+    import shutil
+    src = ptx.ROOT / "tiny" / "sm_80"
+    dst = tmp_path / "tiny" / "sm_80"
+    shutil.copytree(src, dst)
+    if edit is not None:
+        data = json.loads((dst / ptx.MANIFEST).read_text())
+        edit(data, dst)
+        (dst / ptx.MANIFEST).write_text(json.dumps(data))
+    return dst
+
+
+def test_a_ptx_file_that_differs_from_its_digest_is_refused_at_load(fake, tmp_path):
+    _manifest_copy(tmp_path)
+    m = ptx.Manifest.load("tiny", "sm_80", root=tmp_path)
+    victim = next(e for e in m.entries.values() if e.entry != launches.RELEASE)
+    text = victim.file.read_bytes()
+    victim.file.write_bytes(text[:-2] + b" \n")                # one byte changed, at the end
+    assert any(victim.key in p and "digest" in p for p in m.verify())
+    fake((8, 6))
+    with pytest.raises(ptx.PtxAltered, match=victim.file.name):
+        m.kernels([])
+
+
+@pytest.mark.parametrize("key", ["sha256", "threads", "shared", "entry"])
+def test_a_manifest_entry_without_a_written_key_is_refused_naming_it(tmp_path, key):
+    first = {}
+
+    def drop(data, _):
+        name = sorted(data["kernels"])[0]
+        first["name"] = name
+        del data["kernels"][name][key]
+    _manifest_copy(tmp_path, drop)
+    with pytest.raises(ptx.PtxMissing, match=f"{first['name']}: no '{key}'"):
+        ptx.Manifest.load("tiny", "sm_80", root=tmp_path)
+
+
+def test_no_alternate_keys_the_build_tool_never_writes(tmp_path):
+    """`threads_per_block` / `symbol` / `entries` were read once; nobody writes them."""
+    def rename(data, _):
+        for rec in data["kernels"].values():
+            rec["threads_per_block"] = rec.pop("threads")
+    _manifest_copy(tmp_path, rename)
+    with pytest.raises(ptx.PtxMissing, match="no 'threads'"):
+        ptx.Manifest.load("tiny", "sm_80", root=tmp_path)
+
+
+def test_kernels_receive_their_scratch_sizes_from_the_manifest(fake):
+    from host.backend_cuda import CudaBackend
+    fake()
+    with CudaBackend(TINY) as b:
+        for key, k in b.kernels.items():
+            e = b.manifest.entries[key]
+            assert k.scratch == e.scratch and len(k.scratch) == len(e.hidden)
+
+
+# ---- close paths: through check(), a failure reported, never raised ----
+
+def test_a_failing_free_is_reported_not_raised(fake):
+    from host.backend_cuda import CudaBackend
+    f = fake()
+    b = CudaBackend(TINY)
+    f.cuMemFree = lambda ptr: (CUresult.CUDA_ERROR_ILLEGAL_ADDRESS,)
+    with pytest.warns(drv.ReleaseWarning, match="CUDA_ERROR_ILLEGAL_ADDRESS from cuMemFree"):
+        b.close()
+    assert b._closers == []
+
+
+def test_driver_errors_are_named_from_one_table(fake):
+    from host.cmd_inspect import info_name
+    fake()
+    assert drv.error_name(700) == "CUDA_ERROR_ILLEGAL_ADDRESS"
+    assert drv.error_name(123456) == "CUresult 123456"
+    assert info_name(700) == "CUDA_ERROR_ILLEGAL_ADDRESS"
+    assert info_name(R.INFO_FENCE_TIMEOUT) != "CUresult 65537"
+
+
+# ---- doctor drives the backend a run uses ----
+
+def test_doctor_opens_the_cuda_backend_and_smoke_launches(fake, capsys):
+    import argparse
+    import json
+
+    from host import cmd_doctor
+    fake()
+    rc = cmd_doctor.run(argparse.Namespace(profile="tiny", json=True))
+    report = json.loads(capsys.readouterr().out)
+    assert rc == 0, report
+    names = [c["name"] for c in report["checks"]]
+    for want in ("driver", "device", "PTX target", "staging", "backend open", "smoke launch"):
+        assert want in names
+    smoke = next(c for c in report["checks"] if c["name"] == "smoke launch")
+    assert "0x5eed" in smoke["value"] and smoke["ok"]
+
+
+# ---- first contact (issue 12 item 5): JIT logs, device limits, bindings, safe teardown ----
+
+COPPELIUS = profiles.get("coppelius")
+
+
+def test_a_ptx_the_driver_refuses_names_the_file_and_quotes_the_jit_log(fake):
+    from host.backend_cuda import CudaBackend
+    log = ("ptxas application ptx input, line 42; error   : Feature 'wgmma.mma_async' requires "
+           ".target sm_90a\nptxas fatal   : Ptx assembly aborted due to errors")
+    f = fake((8, 6), jit_errors={"cast_bf16": log})
+    with pytest.raises(drv.PtxRefused) as err:
+        CudaBackend(TINY)
+    msg = str(err.value)
+    file = ptx.Manifest.load("tiny", "sm_80").entries
+    cast = next(e for e in file.values() if e.entry == "cast_bf16")
+    assert f"kernels_ptx/tiny/sm_80/{cast.file.name}" in msg
+    assert "CUDA_ERROR_INVALID_PTX" in msg and "line 42" in msg and "Ptx assembly aborted" in msg
+    assert err.value.log == log
+    assert not f.allocations and not f.host          # refused before any allocation
+
+
+def test_shared_memory_beyond_the_opt_in_limit_is_refused_naming_kernel_need_and_limit(fake):
+    """sm_80 coppelius kernels need up to 147,456 B; a cc 8.6 GPU allows 101,376 B (99 KiB)."""
+    from host.backend_cuda import CudaBackend, KernelRefused
+    f = fake((8, 6))
+    with pytest.raises(KernelRefused) as err:
+        CudaBackend(COPPELIUS)
+    msg = str(err.value)
+    swiglu = next(k for k in ptx.Manifest.load("coppelius", "sm_80").entries
+                  if k.startswith("matmul_swiglu"))
+    assert f"{swiglu} needs 147,456 B of shared memory per block, the limit is 101,376 B" in msg
+    assert "compute capability 8.6" in msg and "A100" in err.value.hint
+    assert not f.allocations and not f.host and not f.shared_opt_ins   # before any work
+
+
+def test_an_a100_fits_every_sm80_kernel_and_opts_in_their_shared_memory(fake):
+    from host.backend_cuda import refuse_unfit
+    f = fake((8, 0))
+    dev = drv.Device()
+    closers = [dev]
+    kernels = ptx.Manifest.load("coppelius", "sm_80").kernels(closers)
+    refuse_unfit(kernels, dev)                       # 147,456 B ≤ 166,912 B: no refusal
+    for k in kernels.values():
+        k.opt_in_shared()
+    assert max(f.shared_opt_ins.values()) == 147456
+    for c in reversed(closers):
+        c.close()
+
+
+def test_a_static_shared_need_counts_against_the_limit(fake):
+    from host.backend_cuda import CudaBackend, KernelRefused
+    tiny_max = max(e.shared for e in ptx.Manifest.load("tiny", "sm_80").entries.values())
+    f = fake((8, 6), functions={"cast_bf16": {"static_shared": 101376 + 1}})   # no dynamic shared
+    with pytest.raises(KernelRefused, match="cast_bf16_[0-9a-f]+ needs 101,377 B"):
+        CudaBackend(TINY)
+    assert tiny_max <= 101376 and not f.allocations
+
+
+def test_more_threads_than_the_function_allows_is_refused(fake):
+    from host.backend_cuda import CudaBackend, KernelRefused
+    fake(functions={"cast_bf16": {"max_threads": 128, "regs": 255}})
+    with pytest.raises(KernelRefused, match="cast_bf16_[0-9a-f]+ launches 256 threads per block, "
+                                            "the driver allows 128 at its 255 registers"):
+        CudaBackend(TINY)
+
+
+def test_every_function_is_loaded_with_its_attributes_at_start(fake):
+    from host.backend_cuda import CudaBackend
+    fake(functions={"cast_bf16": {"regs": 77, "local": 16, "spill": 8}})
+    with CudaBackend(TINY) as b:
+        assert set(b.kernels) == set(b.manifest.entries)
+        cast = next(k for k in b.kernels.values() if k.function == "cast_bf16")
+        assert cast.attributes == drv.FunctionAttributes(registers=77, local_bytes=16,
+                                                         static_shared=0, max_threads=1024)
+        assert cast.spills == (8, 8)
+
+
+def test_doctor_reports_each_modules_functions_as_the_driver_does(fake, capsys):
+    import argparse
+    import json
+
+    from host import cmd_doctor
+    fake(functions={"cast_bf16": {"regs": 77, "local": 16, "spill": 8}})
+    assert cmd_doctor.run(argparse.Namespace(profile="tiny", json=True)) == 0
+    report = json.loads(capsys.readouterr().out)
+    files = {m["file"] for m in report["modules"]}
+    assert files == {e.file.name for e in ptx.Manifest.load("tiny", "sm_90a").entries.values()}
+    cast = next(f for m in report["modules"] for f in m["functions"] if f["entry"] == "cast_bf16")
+    assert (cast["registers"], cast["local_bytes"], cast["spill_stores"]) == (77, 16, 8)
+    assert cast["threads"] == 256 and cast["max_threads"] == 1024
+
+
+@pytest.mark.parametrize("version,driver,refused", [
+    ("12.6.2", None, "holds the GIL"), ("12.9.0", 12080, "holds the GIL"), ("12.9.1", 12080, None),
+    ("12.9.1", 13000, None), ("13.0.0", 13000, None), ("13.4.4", 13000, None),
+    ("13.0.0", 12080, "needs a CUDA 13 driver; this one is CUDA 12.8")])
+def test_bindings_floor_and_major(version, driver, refused):
+    if refused is None:
+        drv.check_bindings_version(version, driver)
+    else:
+        with pytest.raises(drv.BindingsMismatch, match=refused):
+            drv.check_bindings_version(version, driver)
+
+
+def test_the_pyproject_floor_is_the_drivers():
+    import re
+    from pathlib import Path
+    text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    floor = re.search(r'"cuda-python>=([\d.]+),<(\d+)"', text)
+    assert floor, "pyproject.toml must depend on cuda-python with a floor"
+    assert tuple(int(x) for x in floor.group(1).split(".")) == drv.BINDINGS_FLOOR
+    assert int(floor.group(2)) == 14
+
+
+def test_a_fence_timeout_leaves_what_the_gpu_may_touch_unfreed(fake, tmp_path, monkeypatch):
+    """The stream never drains: the run ends with its tail, and close frees nothing (process exit
+    does), with a note."""
+    from host import backend_cuda
+    from host.result_file import read
+    from host.run import Request, run
+    monkeypatch.setattr(backend_cuda, "DRAIN_TIMEOUT_S", 0.05)
+    f = fake(hang=True)
+    (tmp_path / "c.ckpt").write_bytes(b"")
+    with pytest.warns(drv.ReleaseWarning, match="still busy .* left for process exit"):
+        summary = run(Request(profile=TINY, checkpoint=tmp_path / "c.ckpt",
+                              result=tmp_path / "r.bin", backend="cuda",
+                              directory=tmp_path / "run", fence_timeout_s=0.1))
+    assert summary.outcome == R.OUTCOME_DEVICE_ERROR
+    rf = read(tmp_path / "r.bin")
+    assert int(rf.error_notifier["info32"]) == R.INFO_FENCE_TIMEOUT
+    assert f.busy and f.allocations and f.host         # device buffers and staging still there
+
+
+def test_a_drained_run_frees_everything(fake, tmp_path):
+    from host.run import Request, run
+    f = fake()
+    (tmp_path / "c.ckpt").write_bytes(b"")
+    run(Request(profile=TINY, checkpoint=tmp_path / "c.ckpt", result=tmp_path / "r.bin",
+                backend="cuda", directory=tmp_path / "run"))
+    assert not f.allocations and not f.host
+
+
+class _FailAt:
+    """Progress that raises a host bug at one step (after a publication started)."""
+
+    def __init__(self, step):
+        self.at = step
+
+    def start(self, *a): ...
+    def published(self, *a): ...
+    def note(self, *a): ...
+    def stop(self): ...
+
+    def step(self, step, loss):
+        if step == self.at:
+            raise RuntimeError("host bug")
+
+
+def _slow_publications(monkeypatch, seconds):
+    """Publications take `seconds` more; the fake device's records pass the marker check (it runs
+    only the releases), so the run reaches its update steps."""
+    import time
+
+    from host import publisher
+    from staging.views import StagingViews
+    monkeypatch.setattr(StagingViews, "marker_survived", lambda self, offset: False)
+    real = publisher.ckpt_mod.publish_chunks
+
+    def slow(*a, **k):
+        time.sleep(seconds)
+        return real(*a, **k)
+    monkeypatch.setattr(publisher.ckpt_mod, "publish_chunks", slow)
+
+
+def _publishers_alive():
+    import threading
+    return [t.name for t in threading.enumerate() if t.name.startswith("publish-") and t.is_alive()]
+
+
+def test_an_unexpected_error_joins_the_publisher_before_the_region_goes(fake, tmp_path, monkeypatch):
+    from host.run import Request, run
+    f = fake()
+    _slow_publications(monkeypatch, 0.3)
+    alive_at_free = []
+    free_host = f.cuMemFreeHost
+    f.cuMemFreeHost = lambda p: (alive_at_free.append(_publishers_alive()), free_host(p))[1]
+    (tmp_path / "c.ckpt").write_bytes(b"")
+    with pytest.raises(RuntimeError, match="host bug"):
+        run(Request(profile=TINY, checkpoint=tmp_path / "c.ckpt", result=tmp_path / "r.bin",
+                    backend="cuda", directory=tmp_path / "run"),
+            _FailAt(TINY.checkpoint_interval))          # the publication of step 4 is in flight
+    assert alive_at_free == [[]]                        # freed once, with no publisher running
+    assert (tmp_path / "c.ckpt").stat().st_size > 0     # that publication completed
+    assert not f.host and not f.allocations
+
+
+def test_a_publisher_that_outlives_the_join_leaves_staging_to_process_exit(fake, tmp_path,
+                                                                         monkeypatch):
+    from host import run as run_mod
+    f = fake()
+    _slow_publications(monkeypatch, 0.5)
+    monkeypatch.setattr(run_mod, "PUBLISHER_JOIN_S", 0.01)
+    (tmp_path / "c.ckpt").write_bytes(b"")
+    try:
+        with pytest.warns(drv.ReleaseWarning, match="publisher thread still streams"), \
+                pytest.raises(RuntimeError, match="host bug"):
+            run_mod.run(run_mod.Request(profile=TINY, checkpoint=tmp_path / "c.ckpt",
+                                        result=tmp_path / "r.bin", backend="cuda",
+                                        directory=tmp_path / "run"),
+                        _FailAt(TINY.checkpoint_interval))
+        assert f.host and f.allocations                 # the thread may still use them
+    finally:
+        import threading
+        for t in threading.enumerate():
+            if t.name.startswith("publish-"):
+                t.join()
+
+
+def test_the_readme_and_the_refusal_hint_state_the_kernels_shared_memory_needs():
+    from pathlib import Path
+
+    from host.backend_cuda import SHARED_HINT
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    need = {(p, t): max(e.shared for e in ptx.Manifest.load(p, t).entries.values())
+            for p in ("coppelius", "tiny") for t in ("sm_90a", "sm_80")}
+    for value in need.values():
+        assert f"{value:,} B" in readme
+    assert f"{need['coppelius', 'sm_80']:,} B" in SHARED_HINT

@@ -17,12 +17,14 @@ from host import result_file as RF
 from plan import profiles as P
 from staging import records as R
 
+from result_synth import synthesize
+
 ROOT = Path(__file__).resolve().parent.parent
 INSPECT_BUDGET_S = 2.0          # issue 6: a production-size file is inspected in under 2 s
 
 
 def _write(tmp_path, name="tiny", **kw):
-    syn = RF.synthesize(P.get(name), **kw)
+    syn = synthesize(P.get(name), **kw)
     path = tmp_path / f"{name}-{kw.get('outcome', 0)}.res"
     syn.write(path, overwrite=True)
     return syn, path
@@ -80,7 +82,7 @@ def test_text_summary(tmp_path, capsys):
 
 
 def test_non_finite_losses_are_null(tmp_path, capsys):
-    syn = RF.synthesize(P.get("tiny"))
+    syn = synthesize(P.get("tiny"))
     syn.windows[2, 1023] = np.nan
     syn.windows[5, 0] = np.inf
     syn.write(tmp_path / "nan.res")
@@ -141,7 +143,7 @@ def test_sparkline():
 @pytest.fixture(scope="module")
 def production_file(tmp_path_factory):
     path = tmp_path_factory.mktemp("prod") / "prod.res"
-    RF.synthesize(P.get("coppelius"), seed=7).write(path)
+    synthesize(P.get("coppelius"), seed=7).write(path)
     return path
 
 

@@ -1,37 +1,56 @@
 """Issue #7: the matmul kernels in Triton's interpreter against the reference stages, awkward shapes;
-the fused prologue (rmsnorm) and epilogues (SwiGLU, rotary, delta) against the stages they replace."""
+the fused prologue (rmsnorm) and epilogues (SwiGLU, rotary, delta) against the stages they replace.
+
+Every test runs over several shape sets (32×32×32 blocks): M = 1, K below one K block, N not a
+multiple of the tile; outputs start poisoned, so an element no program wrote fails."""
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pytest
-from kernels_support import (ELEMENTWISE, ONE_BF16_ULP, SAME_OPERANDS, assert_close, assert_written,
-                             bf16_tensor, f32, poisoned)
+from kernels_support import (ELEMENTWISE, ONE_BF16_ULP, SAME_OPERANDS, assert_bitwise, assert_close,
+                             assert_unwritten, assert_written, bf16_tensor, cdiv, f32, poisoned)
 
 import torch
+from plan import profiles
 from plan import reference as ref
 from plan.kernels import meta
-from plan.kernels.matmul import matmul, matmul_delta, matmul_norm, matmul_rotary, matmul_swiglu
+from plan.kernels.matmul import matmul, matmul_delta, matmul_residual, matmul_rotary, matmul_swiglu
+from plan.launch_matmul import matmul_rotary as build_matmul_rotary
+from plan.launch_refs import Context, layer_refs
 
 RNG = np.random.default_rng(7)
-# awkward: no dimension a multiple of its block, so every mask is exercised
-M, N, K = 100, 72, 80
-BLOCKS = dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, GROUP_M=2)
+BLOCK = 32
+BLOCKS = dict(BLOCK_M=BLOCK, BLOCK_N=BLOCK, BLOCK_K=BLOCK, GROUP_M=2)
+# (M, N, K): (rows, output columns, reduction); for the fused kernels N and K are the stage's
+# output and input widths (F and D for the MLP, V and D for the head)
+SHAPES = {
+    "none_a_multiple": (100, 72, 80),      # no dimension a multiple of its block: every mask
+    "one_row": (1, 72, 80),                # M = 1: one program row, 31 masked rows
+    "k_below_block": (37, 45, 20),         # K < BLOCK_K: one partial K step
+    "one_column_over": (64, 33, 96),       # N = one tile + 1 column; M, K whole tiles
+}
+SHAPE_IDS = list(SHAPES)
 
 
 def _grid(m, n):
-    return (-(-m // 32) * -(-n // 32),)
+    return (cdiv(m, BLOCK) * cdiv(n, BLOCK),)
 
 
 def _run(a, b, m, n, k, a_t, b_t, epilogue, aux=None, out_dtype=torch.float32, out_shape=None):
     c = poisoned(out_shape or (m, n), out_dtype)
     aux = c if aux is None else aux
-    matmul[_grid(m, n)](a, b, c, aux, m, n, k, A_T=a_t, B_T=b_t, EPILOGUE=epilogue, **BLOCKS)
+    matmul[_grid(m, n)](a, b, c, aux, m, n, k, A_T=a_t, B_T=b_t, EPILOGUE=epilogue, SPLIT_K=1,
+                         **BLOCKS)
     assert_written("c", c)
     return c
 
 
+@pytest.mark.parametrize("shape", SHAPE_IDS)
 @pytest.mark.parametrize("layout", ["NT", "NN", "TN"])
-def test_matmul_layouts_match_bf16_products(layout):
+def test_matmul_layouts_match_bf16_products(layout, shape):
+    M, N, K = SHAPES[shape]
     x = RNG.standard_normal((M, K)).astype(np.float32)
     w = RNG.standard_normal((N, K)).astype(np.float32)          # [out, in]
     if layout == "NT":     # h @ Wᵀ (qkv, out_proj, mlp, head)
@@ -49,14 +68,18 @@ def test_matmul_layouts_match_bf16_products(layout):
     assert_close(f"matmul {layout}", f32(got), want, SAME_OPERANDS)
 
 
-def test_matmul_reads_fp32_operands_as_bf16():
+@pytest.mark.parametrize("shape", SHAPE_IDS)
+def test_matmul_reads_fp32_operands_as_bf16(shape):
+    M, N, K = SHAPES[shape]
     x = RNG.standard_normal((M, K)).astype(np.float32)
     w = RNG.standard_normal((N, K)).astype(np.float32)
     got = _run(torch.from_numpy(x), torch.from_numpy(w), M, N, K, False, True, meta.EPI_F32)
     assert_close("fp32 operands", f32(got), ref.bf16(x) @ ref.bf16(w).T, SAME_OPERANDS)
 
 
-def test_matmul_bf16_epilogue_rounds_to_nearest_even():
+@pytest.mark.parametrize("shape", SHAPE_IDS)
+def test_matmul_bf16_epilogue_rounds_to_nearest_even(shape):
+    M, N, K = SHAPES[shape]
     x = RNG.standard_normal((M, K)).astype(np.float32)
     w = RNG.standard_normal((N, K)).astype(np.float32)
     got = _run(bf16_tensor(x), bf16_tensor(w), M, N, K, False, True, meta.EPI_BF16,
@@ -64,7 +87,9 @@ def test_matmul_bf16_epilogue_rounds_to_nearest_even():
     assert_close("bf16 store", f32(got), ref.bf16(ref.bf16(x) @ ref.bf16(w).T), ONE_BF16_ULP)
 
 
-def test_matmul_residual_epilogue_is_out_proj():
+@pytest.mark.parametrize("shape", SHAPE_IDS)
+def test_matmul_residual_epilogue_is_out_proj(shape):
+    M, N, K = SHAPES[shape]
     x = RNG.standard_normal((M, N)).astype(np.float32)            # residual (T, D)
     o = RNG.standard_normal((M, K)).astype(np.float32)            # attention output (T, H·d)
     wo = RNG.standard_normal((N, K)).astype(np.float32) * 0.05
@@ -73,34 +98,69 @@ def test_matmul_residual_epilogue_is_out_proj():
     assert_close("out_proj", f32(got), ref.out_proj(x, o, wo), SAME_OPERANDS)
 
 
-def _swiglu_reference(D, F):
+SSQ_PARTS = 3                     # the producer's column tiles feeding a norm prologue (any split)
+
+
+def _ssq(x: np.ndarray, parts: int = SSQ_PARTS) -> torch.Tensor:
+    """(parts, M) per-row Σ x² over `parts` column chunks: what a residual producer writes."""
+    bounds = np.linspace(0, x.shape[1], parts + 1).astype(int)
+    return torch.from_numpy(np.stack([(x[:, a:b] * x[:, a:b]).sum(1, dtype=np.float32)
+                                      for a, b in zip(bounds[:-1], bounds[1:])]))
+
+
+@pytest.mark.parametrize("shape", SHAPE_IDS)
+def test_matmul_residual_is_out_proj_and_writes_the_rows_sums_of_squares(shape):
+    M, N, K = SHAPES[shape]
+    x = RNG.standard_normal((M, N)).astype(np.float32)            # residual (T, D)
+    o = RNG.standard_normal((M, K)).astype(np.float32)            # attention output (T, H·d)
+    wo = RNG.standard_normal((N, K)).astype(np.float32) * 0.05
+    out = poisoned((M, N))
+    parts = cdiv(N, BLOCK)
+    ssq = poisoned((parts + 1, M))                                # a spare row: not written
+    matmul_residual[_grid(M, N)](bf16_tensor(o), bf16_tensor(wo), torch.from_numpy(x), out, ssq,
+                                 M, N, K, **BLOCKS)
+    assert_written("out", out)
+    assert_written("ssq", ssq[:parts])
+    assert_unwritten("ssq past the column tiles", ssq[parts:])
+    want = ref.out_proj(x, o, wo)
+    assert_close("out_proj", f32(out), want, SAME_OPERANDS)
+    got = f32(out)                                                # the sums are of what it stored
+    for c in range(parts):
+        cols = got[:, c * BLOCK:(c + 1) * BLOCK]
+        assert_close(f"ssq part {c}", f32(ssq[c]), (cols * cols).sum(1), ELEMENTWISE)
+    # and their sum is rmsnorm's: the consumer's r
+    _, r = ref.rmsnorm(want)
+    rr = 1 / np.sqrt(f32(ssq[:parts]).sum(0) / np.float32(N) + np.float32(1e-6))
+    assert_close("r from ssq", rr, r, ELEMENTWISE)
+
+
+def _swiglu_reference(M, D, F):
     x = RNG.standard_normal((M, D)).astype(np.float32)
     wg, wu = (RNG.standard_normal((F, D)).astype(np.float32) * 0.1 for _ in range(2))
     wd = RNG.standard_normal((D, F)).astype(np.float32) * 0.1
     return x, wg, wu, wd, ref.mlp(x, wg, wu, wd)
 
 
-def _check_prologue(h16, rstd, x, g=None):
-    """The norm the prologue stored: rstd as rmsnorm's r, h16 = bf(x·r[·g]) bit for bit from it."""
+def _check_prologue(h16, rstd, x):
+    """The norm the prologue stored: rstd as rmsnorm's r, h16 = bf(x·r) bit for bit from it."""
     assert_written("h16", h16)
     assert_written("rstd", rstd)
     y, r = ref.rmsnorm(x)
     assert_close("rstd", f32(rstd), r, ELEMENTWISE)
-    want = y if g is None else ref.final_norm(x, g).hf
-    assert_close("h16 vs reference", f32(h16), ref.bf16(want), ONE_BF16_ULP)
+    assert_close("h16 vs reference", f32(h16), ref.bf16(y), ONE_BF16_ULP)
     mine = x * f32(rstd)[:, None]                                 # the kernel's own r, same fp32 ops
-    mine = mine if g is None else mine * g
-    assert np.array_equal(f32(h16), ref.bf16(mine)), "h16 is not bf(x·r[·g]) of the stored r"
+    assert_bitwise("h16 is bf(x·r) of the stored r", f32(h16), ref.bf16(mine))
 
 
-def test_matmul_swiglu_is_the_mlp_stage_with_the_norm_in_its_prologue():
-    D, F = 80, 72                                     # D = 2.5 K blocks: the masked prologue sum
-    x, wg, wu, wd, m = _swiglu_reference(D, F)
+@pytest.mark.parametrize("shape", SHAPE_IDS)
+def test_matmul_swiglu_is_the_mlp_stage_with_the_norm_in_its_prologue(shape):
+    M, F, D = SHAPES[shape]                           # D = 2.5 K blocks: the masked prologue sum
+    x, wg, wu, wd, m = _swiglu_reference(M, D, F)
     ab = poisoned((M, 2 * F))
     z = poisoned((M, F), torch.bfloat16)
     h16, rstd = poisoned((M, D), torch.bfloat16), poisoned((M,))
-    matmul_swiglu[_grid(M, F)](torch.from_numpy(x), bf16_tensor(wg), bf16_tensor(wu), ab, z, h16, rstd,
-                               M, F, D, **BLOCKS)
+    matmul_swiglu[_grid(M, F)](torch.from_numpy(x), _ssq(x), bf16_tensor(wg), bf16_tensor(wu), ab,
+                               z, h16, rstd, M, F, D, SSQ_PARTS=SSQ_PARTS, **BLOCKS)
     assert_written("ab", ab)
     assert_written("z", z)
     _check_prologue(h16, rstd, x)
@@ -111,24 +171,10 @@ def test_matmul_swiglu_is_the_mlp_stage_with_the_norm_in_its_prologue():
     assert_close("z", f32(z), ref.bf16(m.z), 2 * ONE_BF16_ULP)
 
 
-def test_matmul_norm_is_final_norm_then_head():
-    Dm, Vh = 80, 72
-    x = (3 * RNG.standard_normal((M, Dm))).astype(np.float32)
-    g = (1 + 0.1 * RNG.standard_normal(Dm)).astype(np.float32)
-    w = RNG.standard_normal((Vh, Dm)).astype(np.float32)
-    logits = poisoned((M, Vh))
-    h16, rstd = poisoned((M, Dm), torch.bfloat16), poisoned((M,))
-    matmul_norm[_grid(M, Vh)](torch.from_numpy(x), torch.from_numpy(g), bf16_tensor(w), logits, h16,
-                              rstd, M, Vh, Dm, **BLOCKS)
-    assert_written("logits", logits)
-    _check_prologue(h16, rstd, x, g)
-    assert_close("logits", f32(logits), f32(h16) @ ref.bf16(w).T, SAME_OPERANDS)
-    assert_close("logits vs stage", f32(logits), ref.head(ref.final_norm(x, g).hf, w), ONE_BF16_ULP)
-
-
-def test_matmul_swiglu_backward_epilogue():
-    D, F = 80, 72
-    x, wg, wu, wd, m = _swiglu_reference(D, F)
+@pytest.mark.parametrize("shape", SHAPE_IDS)
+def test_matmul_swiglu_backward_epilogue(shape):
+    M, F, D = SHAPES[shape]
+    x, wg, wu, wd, m = _swiglu_reference(M, D, F)
     dx = RNG.standard_normal((M, D)).astype(np.float32)
     ab = torch.from_numpy(np.concatenate([m.a, m.b], axis=1))
     got = _run(bf16_tensor(dx), bf16_tensor(wd), M, F, D, False, False, meta.EPI_SWIGLU_BWD,
@@ -148,19 +194,28 @@ def test_matmul_swiglu_backward_epilogue():
     assert_close("dh", dh, want, 4 * ONE_BF16_ULP)
 
 
-@pytest.mark.parametrize("bn", [32, 64])           # one head or two per tile (d = 32)
-def test_matmul_rotary_is_qkv_then_rotary(bn):
-    H, G, d = 4, 2, 32
-    Tr, W, Dm = 1000, (H + 2 * G) * d, 80            # masked last row block; positions to 999
+ROTARY_CASES = [  # T, D (= K), H, G, BLOCK_N: d = 32, BLOCK_M = 128
+    (1000, 80, 4, 2, 32),        # masked last row block; positions to 999; one head per tile
+    (1000, 80, 4, 2, 64),        # two heads per tile
+    (1, 80, 4, 2, 64),           # a single row (position 0: no rotation at all)
+    (130, 20, 3, 1, 64),         # K < BLOCK_K; N = 160: the last tile half empty (v only)
+]
+
+
+@pytest.mark.parametrize("Tr,Dm,H,G,bn", ROTARY_CASES)
+def test_matmul_rotary_is_qkv_then_rotary(Tr, Dm, H, G, bn):
+    d = 32
+    W = (H + 2 * G) * d
     x = (2 * RNG.standard_normal((Tr, Dm))).astype(np.float32)      # the residual
     w = RNG.standard_normal((W, Dm)).astype(np.float32)  # Wq | Wk | Wv, [out, in]
     cos, sin = ref.rotary_tables(type("P", (), {"context": Tr, "head_dim": d})())
     rope = torch.from_numpy(np.concatenate([cos, sin], axis=1))
     out = poisoned((Tr, W), torch.bfloat16)
     h16, rstd = poisoned((Tr, Dm), torch.bfloat16), poisoned((Tr,))
-    matmul_rotary[(-(-Tr // 128) * (W // bn),)](torch.from_numpy(x), bf16_tensor(w), out, rope, h16,
-                                                rstd, Tr, W, Dm, ROTATED=H + G, HEAD_DIM=d,
-                                                BLOCK_M=128, BLOCK_N=bn, BLOCK_K=32, GROUP_M=2)
+    matmul_rotary[(cdiv(Tr, 128) * cdiv(W, bn),)](torch.from_numpy(x), _ssq(x, 1), bf16_tensor(w),
+                                                  out, rope, h16, rstd, Tr, W, Dm, SSQ_PARTS=1,
+                                                  ROTATED=H + G, HEAD_DIM=d, BLOCK_M=128,
+                                                  BLOCK_N=bn, BLOCK_K=32, GROUP_M=2)
     assert_written("qkv16", out)
     _check_prologue(h16, rstd, x)
     # NUMERICS qkv then rotary: q = bf(h) @ bf(Wq)ᵀ (fp32), rotated, then bf() for attention;
@@ -173,21 +228,40 @@ def test_matmul_rotary_is_qkv_then_rotary(bn):
     assert_close("v", got[:, (H + G) * d:], ref.bf16(v), ONE_BF16_ULP)
 
 
-def test_matmul_delta_is_out_proj_backward_do_and_delta():
-    H, d = 3, 32                                     # N = 96: the last column tile is half empty
+DELTA_CASES = [  # M, K, H: d = 32, BLOCK_N = 64 (two heads per tile)
+    (100, 80, 3),                # N = 96: the last column tile is half empty
+    (1, 80, 3),                  # a single row
+    (37, 20, 1),                 # K < BLOCK_K; one head in a two-head tile
+]
+
+
+@pytest.mark.parametrize("M,K,H", DELTA_CASES)
+def test_matmul_delta_is_out_proj_backward_do_and_delta(M, K, H):
+    d = 32
     Hd = H * d
     dx = RNG.standard_normal((M, K)).astype(np.float32)              # dres (T, D)
     wo = RNG.standard_normal((Hd, K)).astype(np.float32)             # Wo [out = D, in = H·d]ᵀ
     o = RNG.standard_normal((M, Hd)).astype(np.float32)
     wk = np.ascontiguousarray(wo.T)                                  # (K = D, N = H·d) as Wo is
     do, delta = poisoned((M, Hd)), poisoned((H + 1, M))              # a spare head row: not written
-    matmul_delta[(-(-M // 32) * -(-Hd // 64),)](
+    matmul_delta[(cdiv(M, 32) * cdiv(Hd, 64),)](
         bf16_tensor(dx), bf16_tensor(wk), do, torch.from_numpy(o), delta, M, Hd, K, HEAD_DIM=d,
         BLOCK_M=32, BLOCK_N=64, BLOCK_K=32, GROUP_M=2)
     assert_written("do", do)
     assert_written("delta", delta[:H])
-    assert torch.isnan(delta[H:]).all(), "matmul_delta wrote a head past N/d"
+    assert_unwritten("matmul_delta's head past N/d", delta[H:])
     want_do = ref.bf16(dx) @ ref.bf16(wk)
     assert_close("do", f32(do), want_do, SAME_OPERANDS)
     want_delta = (f32(do) * o).reshape(M, H, d).sum(-1).T
     assert_close("delta", f32(delta[:H]), want_delta, 1e-6)
+
+
+def test_fused_head_tiles_refuse_tiles_that_split_a_head():
+    """matmul_rotary and matmul_delta need whole heads per column tile: the builder refuses a
+    tuning without one instead of emitting a launch the epilogue would get wrong."""
+    ctx = Context(profiles.get("tiny"))                               # d = 32
+    ctx.tu = dataclasses.replace(ctx.tu, mm_tiles=((128, 48), (64, 16)))
+    ly = layer_refs(ctx, 0)
+    with pytest.raises(ValueError, match="whole heads of 32 columns"):
+        build_matmul_rotary(ctx, x=ly.resid_attn, ssq=ly.ssq_attn, w=ly.wqkv, qkv=ly.qkv16,
+                            h16=ly.h16_attn, rstd=ly.rstd_attn, label="refused")

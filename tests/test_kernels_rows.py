@@ -1,26 +1,76 @@
 """Issue #7: row kernels (norms, gains, the rotary table, cross-entropy, predictions, embedding backward,
-copy) in Triton's interpreter against the reference stages, at awkward sizes, outputs poisoned."""
+copy) in Triton's interpreter against the reference stages, at awkward sizes, outputs poisoned.
+
+Every test runs over several (T, D, V) shape sets: a single row, D below one gain column block,
+T and V not multiples of their blocks, D a power of two; blocks derive from the shape as the
+launch builders derive them (BLOCK_D, BLOCK_T, BLOCK_V ≥ the dimension they cover)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
-from kernels_support import (ELEMENTWISE, ONE_BF16_ULP, assert_close, assert_written, bf16_tensor,
-                             f32, poisoned)
+import pytest
+from kernels_support import (ELEMENTWISE, ONE_BF16_ULP, assert_bitwise, assert_close,
+                             assert_unwritten, assert_written, bf16_tensor, cdiv, f32, next_pow2,
+                             poisoned)
 
 import torch
+from plan import launch_builders, profiles
 from plan import reference as ref
+from plan.kernels.adamw import adamw
 from plan.kernels.copy import copy_f32
 from plan.kernels.cross_entropy import cross_entropy, predictions
 from plan.kernels.embed_grad import embed_grad
-from plan.kernels.norms import embed_fwd, rmsnorm_bwd, rmsnorm_bwd_gain
+from plan.kernels.norms import embed_fwd, final_norm, rmsnorm_bwd, rmsnorm_bwd_gain
 
 RNG = np.random.default_rng(11)
-T, D, V = 77, 96, 300          # awkward: T and V not multiples of their blocks, D not a power of 2
-BLOCK_R, BLOCK_D = 16, 128
-GRID = (-(-T // BLOCK_R),)
-NORM = dict(D=D, BLOCK_R=BLOCK_R, BLOCK_D=BLOCK_D)
+BLOCK_R = 16                   # rows per norm program
 GAIN = dict(GAIN_ROWS=16, GAIN_COLS=32)
-GAIN_GRID = (GRID[0] + -(-D // 32),)   # row programs, then column programs of the gain gradient
-W1_WORDS = 2000                # crosses from embed_grad's first program (16·96 words) into its second
+VOCAB_BLOCK = 16               # embed_grad vocabulary rows per program
+CE_ROWS = 8
+HEAD_DIM = 32                  # the rotary table embed_fwd writes
+PROFILE = profiles.get("tiny")  # the learner's constants
+LEARNER = launch_builders.learner_constexprs(PROFILE)
+T_BASE, DOORBELL = 41, 3       # t = 44
+GAP = 13                       # P-plane words between E and the gains
+
+
+@dataclass(frozen=True)
+class Rows:
+    T: int
+    D: int
+    V: int
+
+    @property
+    def grid(self):
+        return (cdiv(self.T, BLOCK_R),)
+
+    @property
+    def gain_grid(self):       # row programs, then column programs of the gain gradient
+        return (self.grid[0] + cdiv(self.D, GAIN["GAIN_COLS"]),)
+
+    @property
+    def norm(self):
+        return dict(D=self.D, BLOCK_R=BLOCK_R, BLOCK_D=next_pow2(self.D))
+
+    @property
+    def block_t(self):
+        return max(next_pow2(self.T), 16)
+
+    @property
+    def w1_words(self):
+        # the w1 window: 2000 crosses from embed_grad's first program (16·D words) into its
+        # second at D = 96; never more than dE holds
+        return min(2000, self.V * self.D - 5)
+
+
+SHAPES = {
+    "awkward": Rows(77, 96, 300),        # T and V not multiples of their blocks, D not a power of 2
+    "one_row": Rows(1, 96, 300),         # a single row: one program, 15 masked rows
+    "narrow": Rows(16, 20, 17),          # T one whole row block; D < GAIN_COLS; V one block + 1
+    "pow2_width": Rows(33, 128, 64),     # D = BLOCK_D exactly; V whole vocabulary blocks
+}
+SHAPE_IDS = list(SHAPES)
 
 
 def _t(x):
@@ -37,35 +87,46 @@ def _next_rows(ids: np.ndarray) -> np.ndarray:
     return want
 
 
-def _links(ids: np.ndarray) -> torch.Tensor:
+def _links(s: Rows, ids: np.ndarray) -> torch.Tensor:
     """next-row links as the plan makes them: by embed_fwd (a throwaway table and gain)."""
-    nxt = poisoned((T,), torch.int32)
-    embed_fwd[GRID](_t(ids.view(np.int32)), _t(np.ones((V, D), np.float32)), _t(np.ones(D, np.float32)),
-                    poisoned((T, D)), poisoned((T,)), poisoned((T, D)), poisoned((T, 32)), nxt, T,
-                    HEAD_DIM=32, BLOCK_T=128, **NORM)
+    nxt = poisoned((s.T,), torch.int32)
+    embed_fwd[s.grid](_t(ids.view(np.int32)), _t(np.ones((s.V, s.D), np.float32)),
+                      _t(np.ones(s.D, np.float32)), poisoned((s.T, s.D)), poisoned((s.T,)),
+                      poisoned((s.T, s.D)), poisoned((1, s.T)), poisoned((s.T, HEAD_DIM)), nxt, s.T,
+                      HEAD_DIM=HEAD_DIM, SSQ_PARTS=1, BLOCK_T=s.block_t, **s.norm)
     assert_written("next", nxt)
     return nxt
 
 
-def test_embed_fwd_is_the_embed_stage_and_writes_the_rotary_table_and_links():
+@pytest.mark.parametrize("shape", SHAPE_IDS)
+def test_embed_fwd_is_the_embed_stage_and_writes_the_rotary_table_and_links(shape):
+    s = SHAPES[shape]
+    T, D, V = s.T, s.D, s.V
     E = RNG.standard_normal((V, D)).astype(np.float32)
     g = (1 + 0.1 * RNG.standard_normal(D)).astype(np.float32)
     ids = RNG.integers(0, V, T).astype(np.uint32)
     ids[-1] = V - 1                                              # the last table row
-    d = 32
+    d = HEAD_DIM
     emb, rstd, x = poisoned((T, D)), poisoned((T,)), poisoned((T, D))
-    ids[3] = ids[40] = ids[T - 1]                                # a chain ending at the last row
+    ids[[r for r in (3, 40) if r < T]] = ids[T - 1]             # a chain ending at the last row
     rope = poisoned((T + 3, d))                                  # rows past T stay unwritten
     nxt = poisoned((T + 3,), torch.int32)
-    embed_fwd[GRID](_t(ids.view(np.int32)), _t(E), _t(g), emb, rstd, x, rope, nxt, T, HEAD_DIM=d,
-                    BLOCK_T=128, **NORM)
-    for name, t in (("emb", emb), ("rstd", rstd), ("x", x), ("rope", rope[:T]), ("next", nxt[:T])):
+    parts = 4                                                    # BLOCK_D / 4 columns each
+    ssq = poisoned((parts * T + 5,))                             # (parts, T), then spare words
+    embed_fwd[s.grid](_t(ids.view(np.int32)), _t(E), _t(g), emb, rstd, x, ssq, rope, nxt, T,
+                      HEAD_DIM=d, SSQ_PARTS=parts, BLOCK_T=s.block_t, **s.norm)
+    for name, t in (("emb", emb), ("rstd", rstd), ("x", x), ("rope", rope[:T]), ("next", nxt[:T]),
+                    ("ssq", ssq[:parts * T])):
         assert_written(name, t)
-    assert torch.isnan(rope[T:]).all(), "embed_fwd wrote rope rows past T"
-    assert (nxt[T:] == -1).all(), "embed_fwd wrote links past T"
-    want_next = _next_rows(ids)
-    bad = np.flatnonzero(nxt[:T].numpy() != want_next)
-    assert bad.size == 0, f"next-row link of row {bad[:1]}: {nxt[bad[:1]].tolist()} != {want_next[bad[:1]]}"
+    assert_unwritten("embed_fwd's ssq past (parts, T)", ssq[parts * T:])
+    width, got_x = next_pow2(D) // parts, f32(x)                 # the sums are of what it stored
+    for c in range(parts):
+        cols = got_x[:, c * width:(c + 1) * width]
+        assert_close(f"ssq part {c}", f32(ssq[c * T:(c + 1) * T]), (cols * cols).sum(1),
+                     ELEMENTWISE)
+    assert_unwritten("embed_fwd's rope rows past T", rope[T:])
+    assert_unwritten("embed_fwd's links past T", nxt[T:])
+    assert_bitwise("next-row links", nxt[:T].numpy(), _next_rows(ids))
     want = ref.embed(E, g, ids.astype(np.int64))
     assert_close("e", f32(emb), want.e, 0.0)
     assert_close("r", f32(rstd), want.r, ELEMENTWISE)
@@ -75,7 +136,30 @@ def test_embed_fwd_is_the_embed_stage_and_writes_the_rotary_table_and_links():
     assert_close("sin", f32(rope[:T, d // 2:]), sin, ELEMENTWISE)
 
 
-def test_rmsnorm_bwd_variants_match_reference():
+@pytest.mark.parametrize("shape", SHAPE_IDS)
+def test_final_norm_writes_the_heads_bf16_input_once(shape):
+    """hf = rmsnorm(x)·g as bf16 (the head's operand: NUMERICS final_norm then head) and r."""
+    s = SHAPES[shape]
+    T, D = s.T, s.D
+    x = (3 * RNG.standard_normal((T, D))).astype(np.float32)
+    g = (1 + 0.1 * RNG.standard_normal(D)).astype(np.float32)
+    h16, rstd = poisoned((T + 3, D), torch.bfloat16), poisoned((T + 3,))   # rows past T unwritten
+    final_norm[s.grid](_t(x), _t(g), h16, rstd, T, **s.norm)
+    assert_written("h16", h16[:T])
+    assert_written("rstd", rstd[:T])
+    assert_unwritten("final_norm's rows past T", h16[T:])
+    assert_unwritten("final_norm's rstd past T", rstd[T:])
+    want = ref.final_norm(x, g)
+    assert_close("rstd", f32(rstd[:T]), want.r, ELEMENTWISE)
+    assert_close("hf", f32(h16[:T]), ref.bf16(want.hf), ONE_BF16_ULP)
+    mine = (x * f32(rstd[:T])[:, None]) * g                       # its own r, the same fp32 ops
+    assert_bitwise("h16 is bf(x·r·g) of the stored r", f32(h16[:T]), ref.bf16(mine))
+
+
+@pytest.mark.parametrize("shape", SHAPE_IDS)
+def test_rmsnorm_bwd_variants_match_reference(shape):
+    s = SHAPES[shape]
+    T, D = s.T, s.D
     x = (2 * RNG.standard_normal((T, D))).astype(np.float32)
     dy = RNG.standard_normal((T, D)).astype(np.float32)
     dres = RNG.standard_normal((T, D)).astype(np.float32)
@@ -83,23 +167,29 @@ def test_rmsnorm_bwd_variants_match_reference():
     y, r = ref.rmsnorm(x)
     # final norm: gain, no accumulation, bf16 copy, and the gain gradient beside it
     dx, dx16, dg = poisoned((T, D)), poisoned((T, D), torch.bfloat16), poisoned((D,))
-    rmsnorm_bwd_gain[GAIN_GRID](_t(dy), _t(x), _t(r), _t(g), dx, dx16, dg, T, WRITE_BF16=True,
-                                **NORM, **GAIN)
+    rmsnorm_bwd_gain[s.gain_grid](_t(dy), _t(x), _t(r), _t(g), dx, dx16, dg, T, WRITE_BF16=True,
+                                  DY_PARTS=1, **s.norm, **GAIN)
     want, want_dg = ref.final_norm_backward(dy, y, r, g)
     for name, t in (("dx", dx), ("dx16", dx16), ("dg", dg)):
         assert_written(name, t)
     assert_close("final_norm_backward", f32(dx), want, ELEMENTWISE)
     assert_close("bf16 copy", f32(dx16), ref.bf16(f32(dx)), 0.0)
     assert_close("final_norm_backward.dg", f32(dg), want_dg, 1e-5)
-    # inside a layer: no gain, accumulate into the residual gradient
+    # inside a layer: no gain, accumulate into the residual gradient; dy as three split-K
+    # partials (issue 14), added in order
     acc = _t(dres.copy())
-    rmsnorm_bwd[GRID](_t(dy), _t(x), _t(r), _t(g), acc, poisoned((T, D), torch.bfloat16), T,
-                      HAS_GAIN=False, ACCUMULATE=True, WRITE_BF16=True, **NORM)
-    assert_close("residual + rmsnorm_backward", f32(acc), dres + ref.rmsnorm_backward(dy, y, r),
+    parts = np.stack([dy, RNG.standard_normal((T, D)).astype(np.float32), -dy])
+    rmsnorm_bwd[s.grid](_t(parts), _t(x), _t(r), _t(g), acc, poisoned((T, D), torch.bfloat16), T,
+                        HAS_GAIN=False, ACCUMULATE=True, WRITE_BF16=True, DY_PARTS=3, **s.norm)
+    dy3 = (parts[0] + parts[1]) + parts[2]
+    assert_close("residual + rmsnorm_backward", f32(acc), dres + ref.rmsnorm_backward(dy3, y, r),
                  ELEMENTWISE)
 
 
-def test_gain_grad_is_a_fixed_order_row_sum():
+@pytest.mark.parametrize("shape", SHAPE_IDS)
+def test_gain_grad_is_a_fixed_order_row_sum(shape):
+    s = SHAPES[shape]
+    T, D = s.T, s.D
     x = RNG.standard_normal((T, D)).astype(np.float32)
     dy = RNG.standard_normal((T, D)).astype(np.float32)
     y, r = ref.rmsnorm(x)
@@ -107,85 +197,140 @@ def test_gain_grad_is_a_fixed_order_row_sum():
 
     def run():
         dg = poisoned((D + 3,))                                    # words past D stay unwritten
-        rmsnorm_bwd_gain[GAIN_GRID](_t(dy), _t(x), _t(r), ones, poisoned((T, D)), poisoned((1,)), dg,
-                                    T, WRITE_BF16=False, **NORM, **GAIN)
-        assert torch.isnan(dg[D:]).all(), "rmsnorm_bwd_gain wrote dg past D"
+        rmsnorm_bwd_gain[s.gain_grid](_t(dy), _t(x), _t(r), ones, poisoned((T, D)), poisoned((1,)),
+                                      dg, T, WRITE_BF16=False, DY_PARTS=1, **s.norm, **GAIN)
+        assert_unwritten("rmsnorm_bwd_gain's dg past D", dg[D:])
         return dg[:D]
 
     dg = run()
     assert_written("dg", dg)
     _, want = ref.final_norm_backward(dy, y, r, np.ones(D, np.float32))
     assert_close("dg", f32(dg), want, 1e-5)
-    assert torch.equal(dg, run()), "the gain gradient differs between two identical runs"
+    assert_bitwise("the gain gradient of two identical runs", f32(dg), f32(run()))
 
 
-def test_cross_entropy_writes_ce_twice_and_bf16_dlogits():
+@pytest.mark.parametrize("shape", SHAPE_IDS)
+def test_cross_entropy_writes_ce_twice_and_bf16_dlogits(shape):
+    s = SHAPES[shape]
+    T, V = s.T, s.V
     logits = (4 * RNG.standard_normal((T, V))).astype(np.float32)
     targets = RNG.integers(0, V, T).astype(np.uint32)
-    targets[0], targets[1] = 0, V - 1
+    targets[0], targets[-1] = 0, V - 1                           # the first and the last class
     loss, w0 = poisoned((T,)), poisoned((T,))
     dl = poisoned((T, V), torch.bfloat16)
-    cross_entropy[(-(-T // 8),)](_t(logits), _t(targets.view(np.int32)), loss, w0, dl, T, V=V,
-                                 ROWS=8, BLOCK_V=512)
+    cross_entropy[(cdiv(T, CE_ROWS),)](_t(logits), _t(targets.view(np.int32)), loss, w0, dl, T, V=V,
+                                       ROWS=CE_ROWS, BLOCK_V=next_pow2(V))
     for name, t in (("loss", loss), ("w0", w0), ("dlogits", dl)):
         assert_written(name, t)
     want = ref.cross_entropy(logits, targets.astype(np.int64))
     assert_close("ce", f32(loss), want, ELEMENTWISE)
-    assert torch.equal(loss, w0), "w0 must be the same per-row cross-entropy"
+    assert_bitwise("w0 is the same per-row cross-entropy", f32(w0), f32(loss))
     assert_close("dlogits", f32(dl), ref.bf16(ref.cross_entropy_backward(logits, targets)),
                  ONE_BF16_ULP)
 
 
-def test_predictions_argmax_and_validity():
+@pytest.mark.parametrize("shape", [k for k in SHAPE_IDS if SHAPES[k].T >= 3])   # three rows
+def test_predictions_argmax_and_validity(shape):
+    s = SHAPES[shape]
+    T, V = s.T, s.V
+    tie, invalid = (10, 20) if T > 20 else (0, 1)
     logits = RNG.standard_normal((T, V)).astype(np.float32)
-    logits[10, 5] = logits[10, 7] = 50.0                         # a tie: the first index wins
-    logits[20, 3] = np.nan                                       # invalid row
-    logits[20, 4] = 99.0
+    logits[tie, 5] = logits[tie, 7] = 50.0                       # a tie: the first index wins
+    logits[invalid, 3] = np.nan                                  # invalid row
+    logits[invalid, 4] = 99.0
     pred = poisoned((3, 2), torch.int32)
-    predictions[(3,)](_t(logits), pred, V=V, ROW0=10, ROW1=20, ROW2=T - 1, BLOCK_V=512)
+    predictions[(3,)](_t(logits), pred, V=V, ROW0=tie, ROW1=invalid, ROW2=T - 1,
+                      BLOCK_V=next_pow2(V))
     assert_written("predictions", pred)
     assert pred.tolist() == [[5, 1], [4, 0], [int(np.argmax(logits[T - 1])), 1]]
 
 
-def test_embed_grad_sums_rows_in_order_and_zeroes_absent_ids():
+def _embed_grad(s: Rows, ids, nxt, de, dgain, w1_words: int):
+    """Run embed_grad on fresh P/M/V planes: E (V, D) at 0, then the gains at GAP words after
+    it and after each other → (planes before, planes after, w1)."""
+    V, D = s.V, s.D
+    n = V * D + 3 * GAP + 2 * D
+    before = [(0.02 * RNG.standard_normal(n)).astype(np.float32),
+              (1e-3 * RNG.standard_normal(n)).astype(np.float32),
+              np.abs(1e-6 * RNG.standard_normal(n)).astype(np.float32)]
+    pmv = _t(np.concatenate(before))
+    g0, g1 = V * D + GAP, V * D + 2 * GAP + D
+    w1 = poisoned((w1_words + 5,))                                # words past the window: unwritten
+    embed_grad[(cdiv(V, VOCAB_BLOCK) + 1,)](
+        _t(ids.view(np.int32)), nxt, de, pmv, pmv[g0:], pmv[g1:], _t(dgain), w1,
+        torch.tensor([DOORBELL], dtype=torch.int32), T_BASE, s.T, V, n, D=D, W1_WORDS=w1_words,
+        BLOCK_V=VOCAB_BLOCK, BLOCK_T=s.block_t, BLOCK_D=next_pow2(D), **LEARNER)
+    got = f32(pmv)
+    return before, [got[:n], got[n:2 * n], got[2 * n:]], w1, (g0, g1)
+
+
+def _adamw_oracle(g, P, M, V, decayed: bool):
+    """Today's whole-plane adamw kernel on one parameter (decayed, or a gain)."""
+    n = g.size
+    pmv = _t(np.concatenate([P, M, V]))
+    lo, hi = (n, n) if decayed else (0, n)
+    c = dict(launch_builders.adamw_constexprs(PROFILE, 1024), GAIN0_START=lo, GAIN0_END=hi,
+             GAIN1_START=n, GAIN1_END=n, EMBED_START=0, EMBED_END=n)
+    adamw[(cdiv(n, 1024),)](pmv, _t(g.reshape(-1)), poisoned((n,), torch.bfloat16),
+                            torch.tensor([DOORBELL], dtype=torch.int32), T_BASE, n, **c)
+    out = f32(pmv)
+    return out[:n], out[n:2 * n], out[2 * n:]
+
+
+@pytest.mark.parametrize("shape", SHAPE_IDS)
+def test_embed_grad_sums_rows_in_order_and_applies_adamw(shape):
+    s = SHAPES[shape]
+    T, D, V = s.T, s.D, s.V
     de = RNG.standard_normal((T, D)).astype(np.float32)
-    ids = RNG.integers(0, 40, T).astype(np.uint32)                # many repeats, most ids absent
+    ids = RNG.integers(0, min(40, V), T).astype(np.uint32)       # many repeats, most ids absent
     ids[5:9] = 7
-    nxt = _links(ids)
-    dE = poisoned((V, D))
-    w1 = poisoned((W1_WORDS + 5,))                                # words past the window stay unwritten
-    embed_grad[(-(-V // 16),)](_t(ids.view(np.int32)), nxt, _t(de), dE, w1, T, V, D=D,
-                               W1_WORDS=W1_WORDS, BLOCK_V=16, BLOCK_T=128, BLOCK_D=BLOCK_D)
-    assert_written("dE", dE)
+    nxt = _links(s, ids)
+    dgain = RNG.standard_normal((2, D)).astype(np.float32)
+    before, after, w1, (g0, g1) = _embed_grad(s, ids, nxt, _t(de), dgain, s.w1_words)
     want = np.zeros((V, D), np.float32)
     np.add.at(want, ids.astype(np.int64), de)                     # sequential: increasing rows
-    assert np.array_equal(f32(dE), want), "dE differs from the in-order row sums (bitwise)"
-    assert np.array_equal(f32(w1)[:W1_WORDS], want.reshape(-1)[:W1_WORDS]), \
-        "w1 is not dE's first words (bitwise)"
-    assert torch.isnan(w1[W1_WORDS:]).all(), "embed_grad wrote w1 past its window"
+    assert_bitwise("w1 vs the in-order row sums", f32(w1)[:s.w1_words],
+                   want.reshape(-1)[:s.w1_words])
+    assert_unwritten("embed_grad's w1 past its window", w1[s.w1_words:])
+    # E: today's adamw on the in-order sums (absent ids: g = 0, decay and moment decay)
+    E = slice(0, V * D)
+    for name, got, wnt in zip("PMV", after, _adamw_oracle(want, *(b[E] for b in before), True)):
+        assert_bitwise(f"E's {name} vs today's adamw on dE", got[E], wnt)
+    for i, off in enumerate((g0, g1)):                            # the gains: not decayed
+        sl = slice(off, off + D)
+        oracle = _adamw_oracle(dgain[i], *(b[sl] for b in before), False)
+        for name, got, wnt in zip("PMV", after, oracle):
+            assert_bitwise(f"gain {i} {name} vs today's adamw", got[sl], wnt)
+    rest = np.ones(before[0].size, bool)
+    rest[E] = rest[g0:g0 + D] = rest[g1:g1 + D] = False
+    for name, b, a in zip("PMV", before, after):
+        assert_bitwise(f"{name} outside E and the gains", a[rest], b[rest])
 
 
-def test_embed_backward_stage_end_to_end():
+@pytest.mark.parametrize("shape", SHAPE_IDS)
+def test_embed_backward_stage_end_to_end(shape):
+    s = SHAPES[shape]
+    T, D, V = s.T, s.D, s.V
     x = RNG.standard_normal((T, D)).astype(np.float32)            # gathered rows e
     dx = RNG.standard_normal((T, D)).astype(np.float32)
     g = (1 + 0.1 * RNG.standard_normal(D)).astype(np.float32)
     ids = RNG.integers(0, V, T).astype(np.uint32)
     y, r = ref.rmsnorm(x)
     de, dg = poisoned((T, D)), poisoned((D,))
-    rmsnorm_bwd_gain[GAIN_GRID](_t(dx), _t(x), _t(r), _t(g), de, de, dg, T, WRITE_BF16=False,
-                                **NORM, **GAIN)
-    nxt = _links(ids)
-    dE = poisoned((V, D))
-    embed_grad[(-(-V // 16),)](_t(ids.view(np.int32)), nxt, de, dE, poisoned((W1_WORDS,)), T, V,
-                               D=D, W1_WORDS=W1_WORDS, BLOCK_V=16, BLOCK_T=128, BLOCK_D=BLOCK_D)
+    rmsnorm_bwd_gain[s.gain_grid](_t(dx), _t(x), _t(r), _t(g), de, de, dg, T, WRITE_BF16=False,
+                                  DY_PARTS=1, **s.norm, **GAIN)
+    nxt = _links(s, ids)
+    words = V * D                                                 # all of dE through w1
+    _, _, w1, _ = _embed_grad(s, ids, nxt, de, np.zeros((2, D), np.float32), words)
     want, want_dg = ref.embed_backward(dx, y, r, g, ids.astype(np.int64), V)
-    assert_close("dE", f32(dE), want, ELEMENTWISE)
+    assert_close("dE", f32(w1)[:words].reshape(V, D), want, ELEMENTWISE)
     assert_close("embed_backward.dg", f32(dg), want_dg, 1e-5)
 
 
-def test_copy_f32_exact_and_bounded():
+@pytest.mark.parametrize("n", [2500, 1, 1024])   # a partial last block, one word, whole blocks
+def test_copy_f32_exact_and_bounded(n):
     src = RNG.standard_normal(3000).astype(np.float32)
     dst = poisoned((3100,))
-    copy_f32[(3,)](_t(src), dst, 2500, BLOCK=1024)
-    assert np.array_equal(f32(dst)[:2500], src[:2500])
-    assert torch.isnan(dst[2500:]).all(), "copy wrote past N"
+    copy_f32[(cdiv(n, 1024),)](_t(src), dst, n, BLOCK=1024)
+    assert_bitwise("copy", f32(dst)[:n], src[:n])
+    assert_unwritten("copy past N", dst[n:])

@@ -11,7 +11,10 @@ from host.errors import UserError
 from plan import profiles as P
 from staging import layout as L
 from staging import records as R
+from staging import result_sections as RS
 from staging.views import StagingViews, allocate_host
+
+from result_synth import synthesize
 
 OUTCOMES = sorted(R.OUTCOMES)
 # coppelius stays small here (a few steps); the production-size file is in test_inspect/test_diff
@@ -31,7 +34,7 @@ def _worst(a: np.ndarray, b: np.ndarray) -> str:
 @pytest.mark.parametrize("name,outcome,steps", CASES)
 def test_round_trip_every_field(tmp_path, name, outcome, steps):
     prof = P.get(name)
-    syn = RF.synthesize(prof, outcome=outcome, steps=steps, seed=outcome + 11)
+    syn = synthesize(prof, outcome=outcome, steps=steps, seed=outcome + 11)
     path = tmp_path / "r.res"
     syn.write(path)
     data = path.read_bytes()
@@ -41,7 +44,7 @@ def test_round_trip_every_field(tmp_path, name, outcome, steps):
     issues = len(syn.timestamps) // L.TIMESTAMP_ENTRY_BYTES
     assert rf.profile is prof
     assert (rf.steps, rf.issues, rf.steps_completed) == (n, issues, n)
-    assert rf.size == rf.expected_size == len(data) == L.result_file_bytes(prof, n, issues)
+    assert rf.size == rf.expected_size == len(data) == RS.result_file_bytes(prof, n, issues)
     assert rf.outcome_code == outcome and rf.outcome == R.OUTCOMES[outcome]
     # float sections: bit-exact, right shapes, and views into the mapped file, not copies
     fwd = np.frombuffer(syn.forward, "<f4").reshape(3, prof.vocab)
@@ -71,19 +74,19 @@ def test_round_trip_every_field(tmp_path, name, outcome, steps):
     ends = [o + s for o, s in rf.offsets.values()]
     starts = [o for o, _ in rf.offsets.values()]
     assert starts[0] == 0 and starts[1:] == ends[:-1] and ends[-1] == rf.size
-    assert list(rf.offsets) == list(RF.SECTIONS)
+    assert list(rf.offsets) == list(RS.NAMES)
 
 
 def test_production_size_formula():
     prof = P.get("coppelius")
-    assert L.result_file_bytes(prof, prof.steps, prof.steps + 2) == 41_813_600
+    assert RS.result_file_bytes(prof, prof.steps, prof.steps + 2) == 41_813_600
 
 
 def test_same_parts_same_bytes(tmp_path):
     prof = P.get("tiny")
     a, b = tmp_path / "a", tmp_path / "b"
-    RF.synthesize(prof, seed=5).write(a)
-    RF.synthesize(prof, seed=5).write(b)
+    synthesize(prof, seed=5).write(a)
+    synthesize(prof, seed=5).write(b)
     assert a.read_bytes() == b.read_bytes()
 
 
@@ -94,7 +97,7 @@ def test_writer_takes_staging_views(tmp_path):
     v = StagingViews(buf, prof)
     rng = np.random.default_rng(3)
     v.record_forward[:] = rng.normal(size=v.record_forward.shape)
-    syn = RF.synthesize(prof, outcome=R.OUTCOME_COMPLETED, steps=prof.steps)
+    syn = synthesize(prof, outcome=R.OUTCOME_COMPLETED, steps=prof.steps)
     path = tmp_path / "r.res"
     with RF.ResultWriter.create(path, prof) as w:
         w.write_forward(v.record_forward)
@@ -122,12 +125,12 @@ def test_refuses_existing_path_unless_overwrite(tmp_path):
     assert isinstance(e.value, UserError)
     assert str(path) in e.value.message and "--overwrite" in e.value.hint
     assert path.read_bytes() == b"earlier evidence"
-    RF.synthesize(prof).write(path, overwrite=True)
+    synthesize(prof).write(path, overwrite=True)
     assert RF.read(path).steps == prof.steps
 
 
 def test_refuses_missing_directory(tmp_path):
-    with pytest.raises(RF.ResultRefused, match="cannot create result file"):
+    with pytest.raises(RF.ResultRefused, match=r"result file .*r\.res: cannot create: No such file"):
         RF.ResultWriter.create(tmp_path / "no" / "r.res", P.get("tiny"))
 
 
@@ -137,7 +140,7 @@ def test_each_step_reaches_the_file_without_fsync(tmp_path, monkeypatch):
     syncs = []
     real_fsync = os.fsync
     monkeypatch.setattr(os, "fsync", lambda fd: (syncs.append(fd), real_fsync(fd))[1])
-    syn = RF.synthesize(prof)
+    syn = synthesize(prof)
     path = tmp_path / "r.res"
     fwd = L.record_forward_bytes(prof)
     w = RF.ResultWriter.create(path, prof)
@@ -157,7 +160,7 @@ def test_each_step_reaches_the_file_without_fsync(tmp_path, monkeypatch):
 
 def test_writer_checks_sizes_order_and_consistency(tmp_path):
     prof = P.get("tiny")
-    syn = RF.synthesize(prof, steps=prof.steps)
+    syn = synthesize(prof, steps=prof.steps)
     with RF.ResultWriter.create(tmp_path / "r.res", prof) as w:
         with pytest.raises(RuntimeError):
             w.append_step(syn.windows[0])                 # before the forward part
@@ -190,7 +193,7 @@ def test_writer_checks_sizes_order_and_consistency(tmp_path):
 
 def test_surviving_marker_is_flagged(tmp_path):
     prof = P.get("tiny")
-    syn = RF.synthesize(prof)
+    syn = synthesize(prof)
     syn.final = L.RECORD_MARKER + syn.final[len(L.RECORD_MARKER):]
     syn.write(tmp_path / "r.res")
     assert any("final part still starts with the record marker" in w
@@ -199,7 +202,7 @@ def test_surviving_marker_is_flagged(tmp_path):
 
 def test_timing_helpers(tmp_path):
     prof = P.get("tiny")
-    syn = RF.synthesize(prof, outcome=R.OUTCOME_DEVICE_ERROR, steps=5)
+    syn = synthesize(prof, outcome=R.OUTCOME_DEVICE_ERROR, steps=5)
     syn.write(tmp_path / "r.res")
     rf = RF.read(tmp_path / "r.res")
     ts = np.frombuffer(syn.timestamps, R.TIMESTAMP_ENTRY.dtype)

@@ -9,12 +9,15 @@ from host import result_file as RF
 from plan import profiles as P
 from staging import layout as L
 from staging import records as R
+from staging import result_sections as RS
+
+from result_synth import synthesize
 
 
 @pytest.fixture(scope="module")
 def tiny_file(tmp_path_factory):
     path = tmp_path_factory.mktemp("rf") / "tiny.res"
-    RF.synthesize(P.get("tiny"), seed=2).write(path)
+    synthesize(P.get("tiny"), seed=2).write(path)
     return path.read_bytes()
 
 
@@ -29,7 +32,7 @@ def _refusal(tmp_path, data: bytes, name="bad.res") -> str:
 
 
 def test_truncated_at_every_section_boundary(tmp_path, tiny_file):
-    rf_sizes = RF.section_offsets(P.get("tiny"), 8, 10)
+    rf_sizes = RS.section_offsets(P.get("tiny"), 8, 10)
     cuts = sorted({o + d for o, _ in rf_sizes.values() for d in (-1, 0, 1)} - {0, len(tiny_file)})
     for cut in cuts:
         if cut <= 0 or cut >= len(tiny_file):
@@ -74,12 +77,12 @@ def test_not_result_files(tmp_path, data, needle):
 
 
 def test_missing_file(tmp_path):
-    with pytest.raises(RF.ResultFileError, match="cannot read: No such file"):
+    with pytest.raises(RF.ResultFileError, match="result file .*absent.res does not exist"):
         RF.read(tmp_path / "absent.res")
 
 
 def _patched_status(data: bytes, prof, steps, issues, **fields) -> bytes:
-    at = RF.section_offsets(prof, steps, issues)["status"][0]
+    at = RS.section_offsets(prof, steps, issues)["status"][0]
     st = R.STATUS_BLOCK.unpack(data[at:at + L.STATUS_BLOCK_BYTES])
     st.update(fields)
     return data[:at] + R.STATUS_BLOCK.pack(**st) + data[at + L.STATUS_BLOCK_BYTES:]
@@ -100,7 +103,7 @@ def test_bad_status_fields_are_named(tmp_path, tiny_file):
 
 
 def test_last_byte_of_magic(tmp_path, tiny_file):
-    at = RF.section_offsets(P.get("tiny"), 8, 10)["status"][0]
+    at = RS.section_offsets(P.get("tiny"), 8, 10)["status"][0]
     data = bytearray(tiny_file)
     data[at + 7] ^= 1
     assert "no status block" in _refusal(tmp_path, bytes(data))

@@ -16,6 +16,7 @@ import pytest
 
 from plan import profiles
 from staging import layout as L
+from staging import result_sections as RS
 
 TINY = profiles.get("tiny")
 
@@ -46,7 +47,7 @@ def complete(tmp_path_factory):
 def test_complete_run_size_and_verify(complete):
     d, wall = complete
     size = (d / "result.bin").stat().st_size
-    assert size == L.result_file_bytes(TINY, TINY.steps, TINY.steps + 2)
+    assert size == RS.result_file_bytes(TINY, TINY.steps, TINY.steps + 2)
     r = cli("verify", d / "result.bin", "--steps", "2", "--directory", d / "run")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     assert "verified" in r.stdout

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from plan import profiles
-from staging import layout as L, records as R, views
+from staging import layout as L, records as R, result_sections as RS, views
 
 
 def test_staging_offsets():
@@ -38,7 +38,77 @@ def test_record_parts(name, fwd, fin):
 
 def test_result_file_size_formula():
     p = profiles.get("coppelius")
-    assert L.result_file_bytes(p, 10000, 10002) == 41_813_600
+    assert RS.result_file_bytes(p, 10000, 10002) == 41_813_600
+
+
+@pytest.mark.parametrize("name", ["coppelius", "tiny"])
+@pytest.mark.parametrize("steps,issues", [(0, 0), (1, 3), (7, 2), (10000, 10002)])
+def test_result_file_size_is_the_spec_formula(name, steps, issues):
+    """SPEC §9 spelled out: the section table must add up to it, section by section."""
+    p = profiles.get(name)
+    V = p.vocab
+    want = [3 * V * 4, 4096 * steps, 160, 16384, V * 4, 32 * 3, 64, 160, 64 * issues]
+    got = RS.section_offsets(p, steps, issues)
+    assert list(got) == ["forward", "steps", "stat", "loss_block", "final", "semaphores",
+                         "error_notifier", "status", "timestamps"] == list(RS.NAMES)
+    assert [size for _, size in got.values()] == want
+    starts = [o for o, _ in got.values()]
+    assert starts == [sum(want[:k]) for k in range(len(want))]
+    assert RS.result_file_bytes(p, steps, issues) == sum(want)
+    assert sum(s.nbytes(p, steps, issues) for s in RS.TAIL) == sum(want[2:])
+
+
+def test_record_sizes_equal_the_sizes_layout_reserves():
+    """A record written into a slot of the staging region or the result file fills it exactly."""
+    for rec, reserved in ((R.SEMAPHORE_RECORD, L.SEMAPHORE_RECORD_BYTES),
+                          (R.SEMAPHORE_SLOT, L.SEMAPHORE_SLOT_BYTES),
+                          (R.ERROR_NOTIFIER, L.ERROR_NOTIFIER_BYTES),
+                          (R.PREDICTION, L.PREDICTION_BYTES),
+                          (R.STATUS_BLOCK, L.STATUS_BLOCK_BYTES),
+                          (R.STAT_RECORD, L.STAT_RECORD_BYTES),
+                          (R.TIMESTAMP_ENTRY, L.TIMESTAMP_ENTRY_BYTES)):
+        assert rec.itemsize == rec.dtype.itemsize == reserved, rec.name
+    assert L.SEMAPHORE_SLOT_BYTES == 2 * L.SEMAPHORE_RECORD_BYTES          # final, pre-launch
+    assert L.SLOT_PRELAUNCH_RELEASE == L.SEMAPHORE_RECORD_BYTES
+    assert L.PREDICTIONS_BYTES == L.PREDICTION_COUNT * R.PREDICTION.itemsize
+
+
+@pytest.mark.parametrize("name", ["coppelius", "tiny"])
+def test_section_table_agrees_with_the_staging_layout(name):
+    """The sections the run copies out of staging have the sizes staging reserves for them."""
+    p = profiles.get(name)
+    S = RS.SECTION
+    assert S["forward"].nbytes(p, 0, 0) == L.record_forward_bytes(p)
+    assert S["final"].nbytes(p, 0, 0) == L.record_final_bytes(p)
+    assert S["steps"].unit_bytes(p) == L.STEP_WINDOW_BYTES == L.LOSS_RECORD_BYTES
+    assert S["loss_block"].nbytes(p, 0, 0) == L.LOSS_BLOCK_BYTES
+    assert S["semaphores"].nbytes(p, 0, 0) == L.SEMAPHORE_REGION_BYTES
+    assert S["error_notifier"].nbytes(p, 0, 0) == L.ERROR_NOTIFIER_BYTES
+    assert S["stat"].nbytes(p, 0, 0) == L.STAT_RECORD_BYTES
+    assert S["status"].nbytes(p, 0, 0) == L.STATUS_BLOCK_BYTES
+    assert S["timestamps"].unit_bytes(p) == L.TIMESTAMP_ENTRY_BYTES
+    # the reader's search needs a step window to be a whole number of timestamp entries
+    assert S["steps"].unit_bytes(p) % S["timestamps"].unit_bytes(p) == 0
+    # and the status block to be followed by the timestamp table alone
+    assert RS.NAMES[-2:] == ("status", "timestamps")
+
+
+def test_section_views_are_typed_and_zero_copy():
+    p = profiles.get("tiny")
+    steps, issues = 3, 5
+    raw = np.zeros(RS.result_file_bytes(p, steps, issues), np.uint8)
+    off = RS.section_offsets(p, steps, issues)
+    views = {s.name: s.view(raw, off[s.name][0], p, steps, issues) for s in RS.SECTIONS}
+    assert views["forward"].shape == (3, p.vocab) and views["steps"].shape == (steps, 1024)
+    assert views["loss_block"].shape == (4, 1024) and views["final"].shape == (p.vocab,)
+    assert views["semaphores"].shape == (3,) and views["timestamps"].shape == (issues,)
+    for name in ("stat", "error_notifier", "status"):
+        assert isinstance(views[name], np.void) and views[name].dtype == RS.SECTION[name].dtype
+    views["status"]["gp_put"] = 0x01020304                 # a view, not a copy
+    at = off["status"][0] + R.STATUS_BLOCK.offset("gp_put")
+    assert bytes(raw[at:at + 4]) == bytes([4, 3, 2, 1])
+    views["timestamps"][-1]["flags"] = 9
+    assert raw[-4] == 9
 
 
 @pytest.mark.parametrize("rec,size", [(R.SEMAPHORE_RECORD, 16), (R.SEMAPHORE_SLOT, 32),

@@ -160,7 +160,7 @@ def main(argv=None) -> int:
     warmup = min(args.warmup, max(steps - 1, 0))
     with tempfile.TemporaryDirectory(prefix="coppelius-bench-") as tmp:
         workdir = Path(tmp)
-        tokens = args.tokens or synthetic.ensure_default_stream(profile, Path("coppelius-run"))
+        tokens = args.tokens or synthetic.ensure_default_stream(profile, Path(synthetic.DEFAULT_DIRECTORY))
         cache = TokenCache.open(tokens, profile)
         cache.validate_run(0, steps)
         contexts = [tuple(np.asarray(a) for a in cache.context(c)) for c in range(steps)]

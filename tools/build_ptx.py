@@ -1,5 +1,6 @@
 """Build kernels_ptx/<profile>/<target>/ (SPEC §12): Triton ahead-of-time → PTX for every kernel
-the launch lists name, the hand-written release PTX, and a manifest.json per directory.
+the launch lists name, the hand-written PTX (release, release_stage_in), and a manifest.json per
+directory.
 
   .venv/bin/python tools/build_ptx.py [--out DIR] [--profile P ...] [--target T ...] [--jobs N]
 
@@ -9,10 +10,11 @@ and the reference have none either).  Same sources → same bytes: the PTX carri
 or debug info, and each worker compiles into a fresh Triton cache.
 
 manifest.json: {"profile", "target", "triton", "ptx_isa", "fp_fusion", "kernels": {entry: {
-"file", "entry" (the PTX .entry symbol), "module", "function", "params": [{"name", "type",
-"hidden"}], "threads", "shared" (dynamic shared memory bytes), "num_warps", "num_stages",
-"global_scratch": {"size", "align"}, "profile_scratch": {"size", "align"}, "constexprs",
-"divisible_by_16": [parameter names]}}}.  Triton appends two hidden pointer parameters
+"file", "sha256" (of the PTX file's bytes, checked by host/ptx.py at load), "entry" (the PTX
+.entry symbol), "module", "function", "params": [{"name", "type", "hidden"}], "threads",
+"shared" (dynamic shared memory bytes), "num_warps", "num_stages", "global_scratch": {"size",
+"align"}, "profile_scratch": {"size", "align"}, "constexprs", "divisible_by_16": [parameter
+names]}}}.  Triton appends two hidden pointer parameters
 (global and profile scratch) to every kernel: they are listed with "hidden": true and are passed
 as null when their size is 0.
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import hashlib
 import json
 import os
 import re
@@ -38,7 +41,7 @@ TRITON_VERSION = "3.9.0"
 PTX_ISA = (8, 0)
 TARGETS = {"sm_90a": 90, "sm_80": 80}
 HIDDEN_PARAMS = ("global_scratch", "profile_scratch")
-RELEASE_SOURCE = ROOT / "plan" / "kernels" / "release.ptx"
+HAND_SOURCES = ROOT / "plan" / "kernels"          # <function>.ptx for launches.HAND_WRITTEN
 DEFAULT_OUT = ROOT / "kernels_ptx"
 
 
@@ -114,22 +117,36 @@ def compile_entry(job):
     return launch.kernel, ptx, record
 
 
-def release_ptx(target: str) -> str:
-    text = RELEASE_SOURCE.read_text(encoding="ascii")
+def hand_ptx(function: str, target: str) -> str:
+    """A hand-written kernel's PTX for `target` (its .target and .version lines rewritten)."""
+    source = HAND_SOURCES / f"{function}.ptx"
+    text = source.read_text(encoding="ascii")
     text, n = re.subn(r"^\.target \w+$", f".target {target}", text, flags=re.M)
     text = re.sub(r"^\.version \d+\.\d+$", f".version {PTX_ISA[0]}.{PTX_ISA[1]}", text, flags=re.M)
     if n != 1:
-        raise ValueError(f"{RELEASE_SOURCE}: expected one .target line")
+        raise ValueError(f"{source}: expected one .target line")
+    if f".entry {function}(" not in text:
+        raise ValueError(f"{source}: no .entry {function}")
     return text
 
 
-def release_record() -> dict:
-    return {"file": "release.ptx", "entry": "release", "module": "", "function": "release",
-            "params": [{"name": "doorbell_ptr", "type": "*u32", "hidden": False},
-                       {"name": "slot_ptr", "type": "*u32", "hidden": False}],
-            "threads": 1, "shared": 0, "num_warps": 1, "num_stages": 1,
+def hand_record(launch) -> dict:
+    """The manifest record of a hand-written kernel: its parameters are the launch's, no hidden
+    scratch pointers, threads = num_warps · 32 (release: one thread)."""
+    return {"file": f"{launch.function}.ptx", "entry": launch.function, "module": "",
+            "function": launch.function,
+            "params": [{"name": n, "type": a.signature, "hidden": False} for n, a in launch.args],
+            "threads": 1 if launch.function == launches.RELEASE else launch.num_warps * 32,
+            "shared": 0, "num_warps": launch.num_warps, "num_stages": 1,
             "global_scratch": {"size": 0, "align": 1}, "profile_scratch": {"size": 0, "align": 1},
             "constexprs": {}, "divisible_by_16": []}
+
+
+def write_ptx(path: Path, text: str) -> str:
+    """Write one PTX file; returns the sha256 of its bytes (the manifest's digest)."""
+    data = text.encode("ascii")
+    path.write_bytes(data)
+    return hashlib.sha256(data).hexdigest()
 
 
 def build(out: Path, profile_names, target_names, jobs: int) -> list[Path]:
@@ -138,7 +155,7 @@ def build(out: Path, profile_names, target_names, jobs: int) -> list[Path]:
         kernels = launches.kernels(profiles.get(pname))
         for target in target_names:
             for launch in kernels.values():
-                if launch.function != launches.RELEASE:
+                if launch.function not in launches.HAND_WRITTEN:
                     work.append((pname, target, launch))
     results = {}
     with cf.ProcessPoolExecutor(max_workers=jobs, initializer=_worker_init) as pool:
@@ -155,14 +172,18 @@ def build(out: Path, profile_names, target_names, jobs: int) -> list[Path]:
                 shutil.rmtree(d)
             d.mkdir(parents=True)
             manifest = {"profile": pname, "target": target, "triton": TRITON_VERSION,
-                        "ptx_isa": f"{PTX_ISA[0]}.{PTX_ISA[1]}", "fp_fusion": False,
-                        "kernels": {launches.RELEASE: release_record()}}
-            (d / "release.ptx").write_text(release_ptx(target), encoding="ascii")
-            written.append(d / "release.ptx")
+                        "ptx_isa": f"{PTX_ISA[0]}.{PTX_ISA[1]}", "fp_fusion": False, "kernels": {}}
+            for launch in launches.kernels(profiles.get(pname)).values():
+                if launch.function in launches.HAND_WRITTEN:
+                    record = hand_record(launch)
+                    text = hand_ptx(launch.function, target)
+                    record["sha256"] = write_ptx(d / record["file"], text)
+                    written.append(d / record["file"])
+                    manifest["kernels"][launch.kernel] = record
             for (p, t, entry), (ptx, record) in sorted(results.items()):
                 if (p, t) != (pname, target):
                     continue
-                (d / record["file"]).write_text(ptx, encoding="ascii")
+                record["sha256"] = write_ptx(d / record["file"], ptx)
                 written.append(d / record["file"])
                 manifest["kernels"][entry] = record
             manifest["kernels"] = dict(sorted(manifest["kernels"].items()))
@@ -172,106 +193,11 @@ def build(out: Path, profile_names, target_names, jobs: int) -> list[Path]:
     return written
 
 
-# H200 model for --report: what a roofline estimate assumes (SXM, 132 SMs)
-H200_BF16_FLOPS = 989e12 * 0.55      # dense bf16 peak × what Triton wgmma kernels reach at these sizes
-H200_FP32_FLOPS = 67e12 * 0.5
-H200_BYTES_PER_S = 4.8e12 * 0.8      # HBM3e peak × achievable streaming fraction
-H200_LAUNCH_S = 2.5e-6               # per kernel inside a CUDA graph: launch gap + ramp/tail
-
-
-def _work(launch, bufs) -> tuple[float, float, str]:
-    """(tensor-core FLOPs, bytes moved, kind) of one launch, from its arguments."""
-    a = dict(launch.args)
-    c = dict(launch.constexprs)
-    f = launch.function
-    nbytes = lambda name: bufs[a[name].buffer].nbytes if hasattr(a[name], "buffer") else 0  # noqa
-    if f.startswith("matmul"):
-        M, N, K = a["M"].value, a["N"].value, a["K"].value
-        n_b = 2 if f == "matmul_swiglu" else 1
-        flops = 2 * M * N * K * n_b
-        # bytes per output element: stores and epilogue reads (rotary: bf16 out + the rope rows;
-        # delta: fp32 dO out, fp32 o in, one delta word per head row)
-        per = {"matmul_swiglu": 4 * 2 + 2, "matmul_rotary": 2, "matmul_delta": 4 + 4}.get(f) or \
-            {0: 4, 1: 2, 2: 8, 3: 4 + 8}[c.get("EPILOGUE", 0)]
-        extra = M * c["HEAD_DIM"] * 4 if f == "matmul_rotary" else \
-            M * N // c["HEAD_DIM"] * 4 if f == "matmul_delta" else 0
-        # rmsnorm in the prologue: A is the fp32 residual, read twice (row sums, then the operand),
-        # and h16 (bf16) + rstd are stored once
-        a_bytes = M * K * (4 + 4 + 2) + M * 4 if f in ("matmul_rotary", "matmul_swiglu", "matmul_norm") \
-            else 2 * M * K
-        return flops, a_bytes + 2 * n_b * N * K + M * N * per + extra, "mma"
-    if f.startswith("attention"):
-        T, H, d = a["T"].value, c["HEADS"], c["HEAD_DIM"]
-        causal = T * T / 2 * H * d * 2
-        mult = {"attention_fwd": 2, "attention_bwd": 4 + 3}[f]    # backward: dK/dV 4, dQ 3
-        return causal * mult, T * (H + 2 * c["KV_HEADS"]) * d * 2 * 4, "mma"
-    if f == "adamw":
-        n = a["N"].value
-        no_w16 = (c["EMBED_END"] - c["EMBED_START"] + c["GAIN0_END"] - c["GAIN0_START"]
-                  + c["GAIN1_END"] - c["GAIN1_START"])
-        return 0, n * (4 * 4 + 3 * 4) + (n - no_w16) * 2, "stream"
-    if f in ("cast_bf16", "copy_f32"):
-        n = a["N"].value
-        return 0, n * (6 if f == "cast_bf16" else 8), "stream"
-    if f == "embed_grad":
-        # de read, dE written, and the first W1_WORDS words again into the w1 window
-        return 0, bufs["de"].nbytes + a["V"].value * c["D"] * 4 + c["W1_WORDS"] * 4, "stream"
-    if f == "cross_entropy":
-        return 0, a["T"].value * c["V"] * 6, "stream"
-    # row kernels: read and write (T, D)-sized operands
-    def size(v):
-        return bufs[v.buffer].nbytes // max(1, bufs[v.buffer].shape[0]) \
-            if len(bufs[v.buffer].shape) == 3 else bufs[v.buffer].nbytes
-
-    touched = sum(size(v) for v in a.values()
-                  if hasattr(v, "buffer") and v.buffer not in ("pmv", "grad", "w16"))
-    if f == "rmsnorm_bwd_gain":     # the gain-gradient programs read dy, x and r a second time
-        touched += sum(size(a[n]) for n in ("dy_ptr", "x_ptr", "rstd_ptr"))
-    return 0, touched, "stream"
-
-
-def report(profile_name: str, target: str) -> str:
-    """ptxas -v per manifest entry and an H200 roofline estimate per launch of the update list."""
-    import subprocess
-    d = DEFAULT_OUT / profile_name / target
-    m = json.loads((d / "manifest.json").read_text())
-    ptxas = shutil.which("ptxas") or "/usr/local/bin/ptxas"
-    stats = {}
-    for entry, rec in m["kernels"].items():
-        r = subprocess.run([ptxas, f"-arch={target}", "-v", str(d / rec["file"]), "-o", os.devnull],
-                           capture_output=True, text=True)
-        regs = re.findall(r"Used (\d+) registers", r.stderr)
-        spill = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", r.stderr)
-        stats[entry] = (int(regs[-1]) if regs else 0, rec["shared"],
-                        sum(int(x) + int(y) for x, y in spill))
-    prof = profiles.get(profile_name)
-    from plan.buffers import buffers
-    bufs = buffers(prof)
-    rows, total = {}, 0.0
-    for launch in launches.submissions(prof)[1].launches:
-        if launch.function == launches.RELEASE:
-            t, flops, nbytes = H200_LAUNCH_S, 0, 16
-        else:
-            flops, nbytes, kind = _work(launch, bufs)
-            t = max(flops / H200_BF16_FLOPS, nbytes / H200_BYTES_PER_S) + H200_LAUNCH_S
-        key = launch.function if launch.function != "matmul" else \
-            f"matmul {launch.label.split('.', 2)[-1] if launch.label.startswith('layers') else launch.label}"
-        r = rows.setdefault(key, [0, 0.0, 0.0, 0.0, launch.kernel])
-        r[0] += 1
-        r[1] += flops
-        r[2] += nbytes
-        r[3] += t
-        total += t
-    out = [f"| launch (update, {profile_name}) | n | regs | smem B | spill B | GFLOP | MB | predicted µs |",
-           "|---|---|---|---|---|---|---|---|"]
-    for key, (n, flops, nbytes, t, entry) in sorted(rows.items(), key=lambda kv: -kv[1][3]):
-        regs, smem, spill = stats[entry]
-        out.append(f"| {key} | {n} | {regs} | {smem} | {spill} | {flops / 1e9:.1f} | "
-                   f"{nbytes / 1e6:.1f} | {t * 1e6:.0f} |")
-    out.append(f"| **total** | {sum(r[0] for r in rows.values())} | | | | "
-               f"{sum(r[1] for r in rows.values()) / 1e9:.1f} | {sum(r[2] for r in rows.values()) / 1e6:.0f} | "
-               f"**{total * 1e6:.0f}** |")
-    return "\n".join(out)
+def report(profile_name: str, target: str, as_json: bool = False, measured: Path | None = None) -> str:
+    """The H200 cost model of the update list from the committed PTX (tools/cost_model.py)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import cost_model
+    return cost_model.report(profile_name, target, "update", as_json, measured)
 
 
 def main(argv=None) -> int:
@@ -281,12 +207,23 @@ def main(argv=None) -> int:
     ap.add_argument("--target", action="append", choices=list(TARGETS))
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--report", action="store_true",
-                    help="print ptxas -v figures and the H200 estimate of the committed PTX")
+                    help="print the H200 cost model of the update list (ptxas -v on the committed PTX)")
+    ap.add_argument("--json", action="store_true", help="with --report: the model as JSON")
+    ap.add_argument("--measured", type=Path,
+                    help="with --report: a device check's per-launch JSON [{label, kernel, us}] to "
+                         "set beside the model")
     a = ap.parse_args(argv)
+    if (a.json or a.measured) and not a.report:
+        ap.error("--json and --measured go with --report")
     if a.report:
-        for pname in a.profile or ["coppelius"]:
-            for target in a.target or ["sm_90a"]:
-                print(report(pname, target))
+        from host.errors import UserError
+        try:
+            for pname in a.profile or ["coppelius"]:
+                for target in a.target or ["sm_90a"]:
+                    print(report(pname, target, a.json, a.measured))
+        except UserError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return e.exit_code
         return 0
     files = build(a.out, a.profile or profiles.names(), a.target or list(TARGETS), max(1, a.jobs))
     total = sum(f.stat().st_size for f in files)

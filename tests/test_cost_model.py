@@ -1,0 +1,325 @@
+"""Issue 14: the H200 cost model (tools/cost_model.py) — two launches computed by hand, the JSON
+schema, the registry covering every launch, refusals, and the model-vs-measured table."""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from host.errors import UserError
+from plan import launches, profiles
+from plan.buffers import buffers
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("cost_model", ROOT / "tools" / "cost_model.py")
+cm = importlib.util.module_from_spec(_spec)
+sys.modules["cost_model"] = cm
+_spec.loader.exec_module(cm)
+
+PROD = profiles.get("coppelius")
+UPDATE = {l.label: l for l in launches.submissions(PROD)[1].launches}
+US = 1e6
+
+
+def _close(got: float, want: float, what: str):
+    assert math.isclose(got, want, rel_tol=1e-9), f"{what}: model {got!r}, hand {want!r}"
+
+
+def fake_stats(profile, regs: int = 64) -> dict:
+    """ptxas-free figures: every kernel at `regs` registers, shared memory and threads from the
+    committed manifest (the figures the model reads besides the registers)."""
+    m = json.loads((ROOT / "kernels_ptx" / profile.name / "sm_90a" / "manifest.json").read_text())
+    return {e: cm.KernelStats(regs, r["shared"], r["threads"]) for e, r in m["kernels"].items()}
+
+
+def test_inputs_the_hand_computations_use():
+    # the hand arithmetic below is written with these literal values
+    assert cm.SMS == 132 and cm.CLOCK_HZ == 1.98e9
+    assert (cm.BF16_FLOPS.optimistic, cm.BF16_FLOPS.central, cm.BF16_FLOPS.pessimistic) == (798e12, 640e12, 480e12)
+    assert (cm.L2_BW.optimistic, cm.L2_BW.central, cm.L2_BW.pessimistic) == (10e12, 7.5e12, 5.5e12)
+    assert cm.SM_L2_BW.central == 48 * 1.98e9 and cm.HBM_BW.central == 3.8e12
+    assert cm.PHASE.central == 0.04e-6 and cm.HBM_LATENCY.central == 0.6e-6
+    assert (cm.LAUNCH.optimistic, cm.LAUNCH.central, cm.LAUNCH.pessimistic) == (1.5e-6, 2.5e-6, 3.5e-6)
+    assert cm.MUFU_PER_CLK == 16 and cm.ALU_PER_CLK == 128
+    for name, r in cm.INPUTS.items():
+        assert r.source and r.optimistic is not None, name
+
+
+def test_hand_matmul_mlp_backward_dh():
+    """dh = dab16 (T, 2F) @ [Wgate|Wup] (2F, D): M=1024, N=512, K=5504, 128×128 tiles, K split in
+    4 ranges (issue 14 item 5): 32 tiles × 4 = 128 programs, EPI_F32 partials (4, T, D)."""
+    launch = UPDATE["layers.0.mlp_backward.dh"]
+    c = cm.cost(launch, buffers(PROD), {launch.kernel: cm.KernelStats(108, 98304, 256)})
+    # occupancy: 108 regs × 32 = 3456 → 3584 per warp → 16384 // 3584 = 4 warps per sub-partition
+    # → 16 warps → 2 blocks of 8 warps; shared (98304 + 1024) → 233472 // 99328 = 2: 2 per SM
+    # (registers, the first of the equal limits).  128 programs on 264 slots: 1 round
+    assert (c.programs, c.per_sm, c.occupancy_limit, c.rounds, c.programs_per_sm) == \
+        (128, 2, "registers", 1, 1)
+    # 86 K chunks of 64 → 22 per split: 22, 22, 22, 20 trips
+    assert c.serial_iterations == 22
+    _close(c.flops, 2 * 1024 * 512 * 5504, "flops")
+    # L2: each trip loads 128×64 bf16 of A and 64×128 bf16 of B (32 KB); each program stores its
+    # 128×128 fp32 partial
+    trip_bytes = 128 * 64 * 2 + 64 * 128 * 2
+    l2 = 32 * 86 * trip_bytes + 128 * 128 * 128 * 4                      # 98,566,144 B
+    _close(c.l2_bytes, l2, "l2 bytes")
+    # HBM: A once, B once, the four partials once
+    _close(c.hbm_bytes, 1024 * 5504 * 2 + 5504 * 512 * 2 + 4 * 1024 * 512 * 4, "hbm bytes")
+    b = c.bounds_us
+    sm = 640e12 / 132
+    # tensor: one program per busiest SM, the largest (22 trips of 2·128·128·64 FLOP)
+    _close(b["tensor"]["central"], 22 * 2 * 128 * 128 * 64 / sm * US, "tensor")        # 9.52 µs
+    # L2: all bytes at 7.5 TB/s (13.14 µs) beat the largest program's 786 KB at 48 B/clk (8.27)
+    _close(b["l2"]["central"], l2 / 7.5e12 * US, "l2")
+    # serial: a trip is max(32 KB at 95.04 GB/s = 0.345 µs, 2.1 MFLOP at 4.85 TFLOP/s = 0.433 µs)
+    # + one phase; the epilogue: 64 KB stored + the first load's 0.6 µs
+    trip = max(trip_bytes / (48 * 1.98e9), 2 * 128 * 128 * 64 / sm) + 0.04e-6
+    fixed = max(65536 / (48 * 1.98e9), 16384 / (128 * 1.98e9)) + 0.6e-6
+    _close(b["serial"]["central"], (22 * trip + fixed) * US, "serial")                  # 11.68 µs
+    assert c.binding == {"optimistic": "l2", "central": "l2", "pessimistic": "l2"}
+    _close(c.us["central"], (l2 / 7.5e12 + 2.5e-6) * US, "central")                     # 15.64 µs
+    _close(c.us["optimistic"], (l2 / 10e12 + 1.5e-6) * US, "optimistic")
+    _close(c.us["pessimistic"], (l2 / 5.5e12 + 3.5e-6) * US, "pessimistic")
+
+
+def test_hand_attention_backward_dkdv_chunks():
+    """attention_bwd (issue 14 item 4): the dK/dV work of each (kv block, kv head) — 2 query heads
+    × the query blocks from the diagonal — cut into chunks of ≤ 5 trips: 244 programs, all
+    resident at once; the total L2 traffic binds, just above the longest chunk's chain."""
+    launch = UPDATE["layers.0.attention_backward"]
+    c = cm.cost(launch, buffers(PROD), {launch.kernel: cm.KernelStats(192, 57856, 128)})
+    # chunks per kv block n: ⌈2·(16 − n) / 5⌉ = 7,6,6,6,5,5,4,4,4,3,3,2,2,2,1,1 (61) × 4 kv heads
+    assert c.programs == 61 * 4 == 244
+    # occupancy: 192 × 32 = 6144 per warp → 16384 // 6144 = 2 warps per sub-partition → 8 warps →
+    # 2 blocks (registers; shared 57,856 + 1,024 B would allow 3); 244 programs on 264 slots:
+    # one round
+    assert (c.per_sm, c.occupancy_limit, c.rounds) == (2, "registers", 1)
+    assert c.serial_iterations == 5
+    dot = 2 * 64 * 64 * 64
+    _close(c.flops, 4 * 2 * 136 * 4 * dot, "flops")                  # 1,088 trips of 4 dots
+    sm = 640e12 / 132
+    # one trip (central): 4 dots, 4096 exps at 16/clk, 45,056 ALU ops at 128/clk serialize
+    # (0.740 µs); qᵀ bf16, dO fp32, lse, delta in and the bf16 ds tile out (33,280 B at 95.04 GB/s,
+    # 0.350 µs) overlap; 5 dependent phases at 0.04 µs
+    compute = 4 * dot / sm + 4096 / (16 * 1.98e9) + (10 * 4096 + 64 * 64) / (128 * 1.98e9)
+    trip_bytes = 64 * 64 * 2 + 64 * 64 * 4 + 2 * 64 * 4 + 64 * 64 * 2
+    trip = max(trip_bytes / (48 * 1.98e9), compute) + 5 * 0.04e-6                    # 0.9396 µs
+    # the longest program: kv block 13 (6 trips) chunk 0, 5 trips; its prologue/epilogue: k, v in
+    # (16 KB), the fp32 dk′|dv partial out (32 KB), the first load's latency, and the id decode:
+    # 13 kv blocks skipped × 5 dependent integer ops × 8 cycles
+    fixed = 49152 / (48 * 1.98e9) + 0.6e-6 + 13 * 5 * 8 / 1.98e9                     # 1.380 µs
+    _close(c.bounds_us["serial"]["central"], (5 * trip + fixed) * US, "serial")         # 6.08 µs
+    # L2: every program's bytes, 1,088 trips and 244 prologues/epilogues, at 7.5 TB/s
+    l2 = 1088 * trip_bytes + 244 * 49152                                              # 48.2 MB
+    _close(c.l2_bytes, l2, "l2 bytes")
+    _close(c.bounds_us["l2"]["central"], l2 / 7.5e12 * US, "l2")                      # 6.43 µs
+    assert c.binding["central"] == "l2"
+    _close(c.us["central"], (l2 / 7.5e12 + 2.5e-6) * US, "central")                  # 8.93 µs
+    # today's (issue 14 before the split) 33.7 µs: 32 trips of kv block 0 in one program
+
+
+def test_hand_weight_grad_attention_half():
+    """weight_grad of layer 0's attention half (issue 14 item 3): dWo (512, 512) and dWqkv
+    (1024, 512) over K = T = 1024 in 128×128 tiles (16 + 32) with AdamW in the epilogue, then 256
+    norm-row programs (4 rows each, dy as 4 split-K partials, accumulating, bf16 copy)."""
+    launch = UPDATE["layers.0.attention_backward.dW+adamw+norm"]
+    c = cm.cost(launch, buffers(PROD), {launch.kernel: cm.KernelStats(226, 98304, 256)})
+    # occupancy: 226 × 32 = 7232 → 7424 per warp → 16384 // 7424 = 2 warps per sub-partition →
+    # 8 warps → 1 block (registers; shared would allow 2)
+    assert (c.programs, c.per_sm, c.occupancy_limit) == (48 + 256, 1, "registers")
+    sm, clk, path = 640e12 / 132, 1.98e9, 48 * 1.98e9
+    e = 128 * 128
+    # a dW trip: 128×64 + 64×128 bf16 in (32 KB), 2·128·128·64 FLOP, one wgmma wait
+    trip = max(32768 / path, 2 * e * 64 / sm) + 0.04e-6                               # 0.4725 µs
+    # the epilogue: P, M, V in (12 B/elem), P, M, V, w16 out (14 B/elem) at the SM's L2 path
+    # against 3 MUFU + 40 ALU ops per element; the doorbell (an L2 hit), 120 dependent fp64 ops of
+    # the bias corrections, one wait, the first HBM round trip
+    epi = max(26 * e / path, 3 * e / (16 * clk) + 40 * e / (128 * clk))
+    fixed = epi + 0.04e-6 + 120 * 8 / clk + 0.25e-6 + 0.6e-6                           # 5.857 µs
+    dw = 16 * trip + fixed                                                              # 13.42 µs
+    # 132 slots: 48 dW programs and 84 slots working off the 256 short norm programs (≤ 4 each,
+    # 1.29 µs apiece): the dW programs are the chain
+    _close(c.bounds_us["serial"]["central"], dw * US, "serial")
+    # HBM: each product's dy and x once and 26 B per parameter element; the norm's 4 partials,
+    # x, dres read and written (fp32), r, and the bf16 copy
+    hbm = (1024 * 512 * 2 * 2 + 512 * 512 * 26) \
+        + (1024 * 1024 * 2 + 1024 * 512 * 2 + 1024 * 512 * 26) \
+        + 1024 * 512 * 4 * 7 + 1024 * 4 + 1024 * 512 * 2
+    _close(c.hbm_bytes, hbm, "hbm bytes")                                               # 41.4 MB
+    _close(c.bounds_us["hbm"]["central"], hbm / 3.8e12 * US, "hbm")                     # 10.90 µs
+    # L2: one dW program's 16 trips and epilogue (950 KB) over one SM's path beat all bytes
+    _close(c.bounds_us["l2"]["central"], (16 * 32768 + 26 * e) / path * US, "l2")      # 10.00 µs
+    _close(c.flops, 2 * 1024 * (512 * 512 + 1024 * 512), "flops")
+    assert c.binding["central"] == "serial"
+    _close(c.us["central"], (dw + 2.5e-6) * US, "central")                              # 15.92 µs
+
+
+@pytest.mark.parametrize("profile", profiles.names())
+def test_every_launch_of_every_submission_is_costed(profile):
+    p = profiles.get(profile)
+    stats = fake_stats(p)
+    for sub in launches.submissions(p):
+        costs = cm.model(p, sub.name, stats)
+        assert len(costs) == len(sub.launches)
+        for c in costs:
+            assert c.function in cm.REGISTRY
+            assert 0 < c.us["optimistic"] <= c.us["central"] <= c.us["pessimistic"], c.label
+            assert c.programs == math.prod(next(l for l in sub.launches if l.label == c.label).grid)
+
+
+def test_json_schema_and_totals():
+    j = json.loads(cm.report("coppelius", "sm_90a", "update", as_json=True, stats=fake_stats(PROD)))
+    assert j["launches"] == len(UPDATE) == len(j["per_launch"])
+    assert set(j["update_us"]) == set(cm.SCENARIOS)
+    keys = {"label", "kernel", "function", "bucket", "grid", "programs", "threads", "regs", "smem",
+            "spill", "per_sm", "occupancy_limit", "rounds", "programs_per_sm", "flops", "l2_bytes",
+            "hbm_bytes", "staging_read_bytes", "staging_requests", "staging_write_bytes",
+            "serial_iterations", "bounds_us", "binding", "us"}
+    for e in j["per_launch"]:
+        assert keys <= set(e), keys - set(e)
+        assert set(e["bounds_us"]) == {"tensor", "pipes", "l2", "hbm", "pcie", "serial"}
+        for s in cm.SCENARIOS:
+            bind = e["binding"][s]
+            assert e["bounds_us"][bind][s] == max(v[s] for v in e["bounds_us"].values())
+            _close(e["us"][s], e["bounds_us"][bind][s] + cm.LAUNCH[s] * US, f"{e['label']} {s}")
+    for s in cm.SCENARIOS:
+        _close(j["update_us"][s], sum(e["us"][s] for e in j["per_launch"]), f"total {s}")
+        _close(sum(b["us"][s] for b in j["buckets"]), j["update_us"][s], f"buckets {s}")
+        _close(sum(j["where_us"][s].values()), j["update_us"][s], f"where {s}")
+    assert set(j["inputs"]) == set(cm.INPUTS) and all(v["source"] for v in j["inputs"].values())
+
+
+def test_mapped_host_memory_is_counted_where_staging_is_read():
+    """Issue 14 item 2: only the stage-in reads staging (the 8 KiB record and the doorbell);
+    an entry still counts a staging read where a launch takes one (embed_fwd's ids below)."""
+    costs = {c.label: c for c in cm.model(PROD, "update", fake_stats(PROD))}
+    readers = {c.label for c in costs.values() if c.staging_read_bytes}
+    assert readers == {"prelaunch_release+stage_in"}
+    first = costs["prelaunch_release+stage_in"]
+    assert first.staging_read_bytes == 8192 + 4 and first.staging_requests == 512 + 1
+    embed = UPDATE["embed"]
+    args = tuple((n, launches.StagingRef("INPUTS", 0, "u32") if n == "ids_ptr" else a)
+                 for n, a in embed.args)
+    c = cm.cost(dataclasses.replace(embed, args=args), buffers(PROD), fake_stats(PROD))
+    assert c.staging_read_bytes == 256 * (2 * 4 * 4 + 1024 * 4)          # own ids twice, all ids
+    # cached (optimistic): each line once; otherwise every request crosses PCIe
+    assert c.bounds_us["pcie"]["optimistic"] < 1 < c.bounds_us["pcie"]["central"]
+    assert costs["embed"].bounds_us["pcie"]["central"] == 0
+
+
+def test_unknown_kernel_raises():
+    launch = dataclasses.replace(UPDATE["layers.0.out_proj"], function="matmul_splitk")
+    with pytest.raises(KeyError, match="matmul_splitk"):
+        cm.cost(launch, buffers(PROD), fake_stats(PROD))
+
+
+def test_unaccounted_staging_argument_raises():
+    ce = UPDATE["cross_entropy"]
+    args = tuple((n, launches.StagingRef("LOSS_RECORD", 0) if n == "dlogits_ptr" else a) for n, a in ce.args)
+    with pytest.raises(ValueError, match="dlogits_ptr"):
+        cm.cost(dataclasses.replace(ce, args=args), buffers(PROD), fake_stats(PROD))
+
+
+def test_grid_that_disagrees_with_the_tiles_raises():
+    launch = dataclasses.replace(UPDATE["layers.0.out_proj"], grid=(127, 1, 1))
+    with pytest.raises(ValueError, match="127"):
+        cm.cost(launch, buffers(PROD), fake_stats(PROD))
+
+
+def test_occupancy_limits():
+    assert cm.occupancy(cm.KernelStats(238, 163840, 256)) == (1, "registers")   # matmul_swiglu
+    assert cm.occupancy(cm.KernelStats(80, 64, 512)) == (1, "registers")        # cross_entropy
+    assert cm.occupancy(cm.KernelStats(10, 0, 1)) == (32, "blocks")             # release
+    assert cm.occupancy(cm.KernelStats(16, 0, 1024)) == (2, "threads")
+    with pytest.raises(ValueError, match="shared memory"):
+        cm.occupancy(cm.KernelStats(32, 228 * 1024, 128))
+
+
+def test_makespan_places_programs_in_order():
+    assert cm.makespan([3.0, 1.0, 1.0, 1.0], 2) == 3.0            # the long one first, three beside it
+    assert cm.makespan([1.0, 1.0, 1.0, 3.0], 2) == 4.0            # the long one last: a tail
+    assert cm.makespan([2.0] * 5, 2) == 6.0                       # ceil(5 / 2) rounds
+
+
+def _measured(tmp_path, rows) -> Path:
+    path = tmp_path / "measured.json"
+    path.write_text(json.dumps(rows))
+    return path
+
+
+def test_model_beside_a_measured_table(tmp_path):
+    stats = fake_stats(PROD)
+    costs = {c.label: c for c in cm.model(PROD, "update", stats)}
+    rows = [{"label": "cross_entropy", "kernel": costs["cross_entropy"].kernel, "us": 900.0},
+            {"label": "layers.0.mlp_backward.dh", "kernel": costs["layers.0.mlp_backward.dh"].kernel,
+             "us": costs["layers.0.mlp_backward.dh"].us["central"]},
+            {"label": "layers.1.mlp_backward.dh", "kernel": costs["layers.1.mlp_backward.dh"].kernel,
+             "us": 3 * costs["layers.1.mlp_backward.dh"].us["central"], "extra": "kept"}]
+    text = cm.report("coppelius", "sm_90a", "update", measured=_measured(tmp_path, rows), stats=stats)
+    assert "Model vs measured" in text
+    text = text.split("Model vs measured", 1)[1]
+    line = next(ln for ln in text.splitlines() if ln.startswith("| cross_entropy |"))
+    ratio = 900 / costs["cross_entropy"].us["central"]
+    assert "| 900 |" in line and f"{ratio:.2f}" in line and "NO" in line
+    dh = next(ln for ln in text.splitlines() if ln.startswith("| layers.0.mlp_backward.dh |"))
+    assert "| 1.00 | yes |" in dh
+    bucket = next(ln for ln in text.splitlines() if ln.startswith("| matmul mlp_backward.dh |")
+                  and "/9 |" in ln)
+    assert "| 2/9 |" in bucket and "| 2.00 |" in bucket       # (1 + 3) / 2 of the model
+    assert f"Not measured ({len(costs) - 3})" in text
+    j = json.loads(cm.report("coppelius", "sm_90a", "update", as_json=True,
+                             measured=_measured(tmp_path, rows), stats=stats))
+    assert j["measured"] == rows
+    assert [e["label"] for e in j["per_launch"] if "measured_us" in e] == \
+        [c for c in costs if c in {r["label"] for r in rows}]
+    assert next(e for e in j["per_launch"] if e["label"] == "cross_entropy")["measured_us"] == 900.0
+
+
+@pytest.mark.parametrize("rows,match", [
+    ([{"label": "nope", "kernel": "k", "us": 1.0}], "not in the modelled list"),
+    ([{"label": "cross_entropy", "kernel": "cross_entropy_other", "us": 1.0}], "another build"),
+    ([{"label": "cross_entropy", "us": 1.0}], "'kernel'"),
+    ([{"label": "cross_entropy", "kernel": "x", "us": "fast"}], "'us'"),
+    ({"cross_entropy": 1.0}, "not a list"),
+])
+def test_measured_table_refusals(tmp_path, rows, match):
+    stats = fake_stats(PROD)
+    if isinstance(rows, list) and rows and rows[0].get("kernel") == "x":
+        rows[0]["kernel"] = next(c.kernel for c in cm.model(PROD, "update", stats)
+                                 if c.label == "cross_entropy")
+    with pytest.raises(UserError, match=match):
+        cm.report("coppelius", "sm_90a", "update", measured=_measured(tmp_path, rows), stats=stats)
+
+
+def test_measured_twice_refused(tmp_path):
+    stats = fake_stats(PROD)
+    k = next(c.kernel for c in cm.model(PROD, "update", stats) if c.label == "cross_entropy")
+    rows = [{"label": "cross_entropy", "kernel": k, "us": 1.0}] * 2
+    with pytest.raises(UserError, match="twice"):
+        cm.report("coppelius", "sm_90a", "update", measured=_measured(tmp_path, rows), stats=stats)
+
+
+def _have_ptxas() -> bool:
+    return any(c and os.access(c, os.X_OK) for c in (shutil.which("ptxas"), "/usr/local/bin/ptxas",
+                                                     "/usr/local/cuda/bin/ptxas"))
+
+
+@pytest.mark.skipif(not _have_ptxas(), reason="no ptxas on this machine")
+def test_build_ptx_report_json_from_the_committed_ptx():
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "build_ptx.py"), "--report", "--json"],
+                       capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    j = json.loads(r.stdout)
+    assert j["launches"] == len(UPDATE)
+    assert j["update_us"]["optimistic"] < j["update_us"]["central"] < j["update_us"]["pessimistic"]
+    swiglu = next(e for e in j["per_launch"] if e["label"] == "layers.0.mlp.norm+swiglu")
+    assert swiglu["regs"] > 128 and swiglu["per_sm"] == 1 and swiglu["rounds"] == 2   # 176 tiles
