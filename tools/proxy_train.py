@@ -225,7 +225,8 @@ def main(argv=None) -> int:
                     "profile's; the stream is the profile's either way, so V must exceed its ids)")
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--every", type=int, default=100, help="print a window mean every N steps")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (1: on a shared 2-core "
+                    "machine at load 6-9, 2 threads cost 3.2 CPU-s/step against 0.9 for 1)")
     ap.add_argument("--init-seed", type=int, default=profiles.SEED)
     ap.add_argument("--json", type=Path, help="append one JSON object per printed window here")
     args = ap.parse_args(argv)
