@@ -33,6 +33,27 @@ uniform stationary distribution) and ln K for each of the other B-2 (a copied ru
 A loss resting there reads as "the chain is learned, copying is not yet".  The floor does not
 depend on V; the no-copy level does, through N.
 
+For the host's display (progress, `inspect`, its plot).  Step s of a run that starts at update
+count c0 trains on context c = c0 + s, and its loss record holds that context's T per-row
+cross-entropies, so every level below is indexed by context, never by step:
+
+* `context_floor(profile, contexts)` (n,): the exact floor of each context; show the running
+  mean of (loss − floor) over a window, or the loss beside the window's mean floor.
+* `context_no_copy(profile, contexts)` (n,): the no-copy level of each context; a window resting
+  there reads as "copying not learned yet".
+* `copy_rows(profile, contexts)` (n, T) bool: the loss record's rows that are copy content (floor
+  0); their mean loss is the copy-block loss (docs/STREAM.md: under 0.5 once copying is learned).
+* `row_entropy(profile, contexts)` (n, T): each row's floor, for a per-row plot.
+* `loss_floor(profile)`, `no_copy_level(profile)`: the expectations over contexts, one number
+  each, for a caption.
+* `context_markers(profile, contexts)` / `block_markers(profile)` (n, n_b): what all the above
+  read.  Without `tokens` they come from the seed (all 20,000 contexts in ≈ 10 ms, cached), so
+  `inspect` needs no stream file; pass `tokens` (e.g. `TokenCache.tokens`, a memory map) to read
+  them from the ids instead and refuse (`StreamAltered`) ids this generator cannot have written.
+
+These levels mean something only for runs on the embedded stream (no `--tokens`); contexts must
+lie in 0..CONTEXTS-1 (`ValueError` otherwise).
+
 The marker uses `word % (m + 1)` on a 64-bit word: its bias (< 2⁻⁶¹) is below float precision;
 K is a power of two, so a successor takes the low bits of one raw byte exactly.  Generation is
 vectorized over chunks of contexts with a loop over the blocks only.
@@ -252,8 +273,8 @@ def context_no_copy(profile, contexts, tokens=None, design: Design = DESIGN) -> 
     """(n,) float64: each context's no-copy level (module docstring) in nats/token."""
     markers = context_markers(profile, contexts, tokens, design)
     marker, markov, copy = _row_costs(profile, design)
-    copies = (markers > 0).sum(axis=1)
-    return context_floor(profile, contexts, tokens, design) + copy * copies / profile.context
+    floor = (marker.sum() + markov * (markers == 0).sum(axis=1)) / profile.context
+    return floor + copy * (markers > 0).sum(axis=1) / profile.context
 
 
 def row_entropy(profile, contexts, tokens=None, design: Design = DESIGN) -> np.ndarray:

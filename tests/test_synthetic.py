@@ -13,13 +13,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from host.errors import UserError
+from staging.errors import UserError
 from plan import profiles
 from staging import synthetic as S
 from staging.tokens import TokenCache
 
 ROOT = Path(__file__).resolve().parents[1]
 FLOOR_TOLERANCE_SIGMAS = 4.0
+GENERATION_BUDGET_S = 10.0         # issue 17: the stream is generated in at most 10 s
 EXACT = 1e-12                      # per-context floor vs a perfect model: float rounding only
 AWKWARD = S.Design(block=32, copy_reach=3, successors=2, content_max=97)
 
@@ -67,6 +68,26 @@ def perfect_model_nll(p, x, contexts, design=S.DESIGN) -> np.ndarray:
         return -np.log(prob)
 
 
+def no_copy_model_nll(p, x, contexts, design=S.DESIGN) -> np.ndarray:
+    """(C, T): −log p_true under the predictor that knows the markers and the chain but never
+    copies: a copy block's first content token is a fresh draw (uniform over the N content ids),
+    each later one a successor of the token before it (a copied run is a run of the chain)."""
+    T, B, K = p.context, design.block, design.successors
+    N, J = S.content_size(p, design), design.copy_reach
+    table = S.successor_table(p, design)                                    # (V, K)
+    win = np.stack([x[T * c:T * c + T + 1] for c in contexts]).astype(np.int64)   # (C, T+1)
+    nll = perfect_model_nll(p, x, contexts, design)
+    r = np.arange(T)
+    off, row_kind, target = r % B, win[:, 1::B][:, r // B], win[:, 1:]
+    first = (off == 1)[None, :] & (row_kind > 0)
+    ok = (target[first] > J) & (target[first] <= J + N)
+    nll[first] = np.where(ok, math.log(N), np.inf)
+    later = (off > 1)[None, :] & (row_kind > 0)
+    hit = (table[win[:, :-1][later]] == target[later][:, None]).any(axis=1)
+    nll[later] = np.where(hit, math.log(K), np.inf)
+    return nll
+
+
 def test_floor_closed_form():
     # the module docstring's formulas by hand for T = 1024, B = 64, J = 2, K = 4
     markers = math.log(2) + 14 * math.log(3)                   # block 1: 2 options, blocks 2..15: 3
@@ -102,14 +123,23 @@ def test_context_floor_equals_perfect_model(design):
     N, B, lnk = S.content_size(p, design), design.block, math.log(design.successors)
     np.testing.assert_allclose(S.context_no_copy(p, contexts, x, design) - floor,
                                copies * (math.log(N) + (B - 2) * lnk) / p.context, atol=EXACT)
-    # a floor computed from one wrong marker (a Markov block read as a copy) misses by far more
+    # ... and equals the mean −log p_true of the non-copying predictor, computed from the tables
+    no_copy = no_copy_model_nll(p, x, contexts, design)
+    assert np.isfinite(no_copy).all(), "a copied run that is not a run of the chain"
+    np.testing.assert_allclose(S.context_no_copy(p, contexts, x, design), no_copy.mean(axis=1),
+                               rtol=0, atol=EXACT)
+    # a floor computed from one wrong marker (a Markov block read as a copy) misses by exactly
+    # one Markov block's content, (B-1)·ln K / T, far above the tolerance: the check can fail
     c = 3
     markers = S.context_markers(p, c, x, design)[0]
     b = int(np.flatnonzero(markers[1:] == 0)[0]) + 1
     wrong = x.copy()
     wrong[1 + p.context * c + B * b] = 1
-    miss = abs(S.context_floor(p, c, wrong, design)[0] - nll[c].mean())
-    assert miss > 1e6 * EXACT, miss
+    miss = nll[c].mean() - S.context_floor(p, c, wrong, design)[0]
+    assert miss == pytest.approx((B - 1) * lnk / p.context, abs=EXACT) and miss > 1e6 * EXACT
+    with pytest.raises(AssertionError):
+        np.testing.assert_allclose(S.context_floor(p, contexts, wrong, design), nll.mean(axis=1),
+                                   rtol=0, atol=EXACT)
 
 
 def test_floor_against_empirical_estimate(tiny_stream):
@@ -193,6 +223,37 @@ def test_context_markers_refuse_other_ids(tiny_stream):
         S.context_floor(p, [S.CONTEXTS])
     with pytest.raises(ValueError, match="outside a stream of 5000 ids"):
         S.context_floor(p, [4], x[:5000])
+
+
+@pytest.fixture(scope="module")
+def coppelius_stream():
+    p = profiles.get("coppelius")
+    wall, cpu = time.perf_counter(), time.process_time()
+    x = S.generate(p)
+    return p, x, time.perf_counter() - wall, time.process_time() - cpu
+
+
+def test_coppelius_stream_fast_pinned_and_exact(coppelius_stream):
+    """Issue 17: generation ≤ 10 s on the 2-core machine; ids < V; the pinned bytes; the floor of
+    the first contexts equal to a perfect model's mean −log p_true (docs/STREAM.md's table)."""
+    p, x, wall, cpu = coppelius_stream
+    print(f"coppelius stream generated in {wall:.2f} s wall, {cpu:.2f} s CPU")
+    assert cpu <= GENERATION_BUDGET_S, cpu           # CPU time: the wall depends on the load
+    assert x.shape == (S.CONTEXTS * p.context + 1,) and x.dtype == np.uint32
+    assert int(x.max()) < S.COPY_REACH + 1 + S.content_size(p) <= p.vocab
+    assert sha(x) == S.STREAM_SHA256["coppelius"]
+    contexts = np.arange(10)
+    nll, no_copy = perfect_model_nll(p, x, contexts), no_copy_model_nll(p, x, contexts)
+    floor, level = S.context_floor(p, contexts), S.context_no_copy(p, contexts)
+    markers = S.context_markers(p, contexts)
+    print("| context | markers, blocks 0..15 | copy blocks | floor | perfect model "
+          "| difference | no-copy level | non-copying model |")
+    for c in contexts:
+        print(f"| {c} | {''.join(map(str, markers[c]))} | {(markers[c] > 0).sum()} "
+              f"| {floor[c]:.15f} | {nll[c].mean():.15f} | {floor[c] - nll[c].mean():.1e} "
+              f"| {level[c]:.12f} | {no_copy[c].mean():.12f} |")
+    np.testing.assert_allclose(floor, nll.mean(axis=1), rtol=0, atol=EXACT)
+    np.testing.assert_allclose(level, no_copy.mean(axis=1), rtol=0, atol=EXACT)
 
 
 def test_sha256_same_in_two_processes():
