@@ -137,14 +137,6 @@ def _pread_exact(fd: int, buf: np.ndarray, offset: int) -> int:
     return got
 
 
-def _fsync_directory(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -262,7 +254,7 @@ def publish_chunks(path, profile, update_count: int, read_chunk: ReadChunk,
         os.replace(tmp, path)
         renamed = True
         stage = "syncing the directory"
-        _fsync_directory(os.path.dirname(os.path.abspath(path)))
+        paths.fsync_directory(os.path.dirname(os.path.abspath(path)), strict=True)
     except OSError as e:
         if renamed:
             state = "the new checkpoint is in place but may not be durable"

@@ -204,7 +204,7 @@ class ResultWriter:
                                    paths.HINTS.get(e.errno, "check the disk"), e.errno) from None
         finally:
             os.close(fd)
-        _fsync_dir(os.path.dirname(os.path.abspath(self.path)))
+        paths.fsync_directory(os.path.dirname(os.path.abspath(self.path)))
 
     def __enter__(self) -> "ResultWriter":
         return self
@@ -240,19 +240,6 @@ def _exact(data, size: int, what: str) -> memoryview:
     if len(view) != size:
         raise ValueError(f"result file: {what} is {len(view)} bytes, expected {size}")
     return view
-
-
-def _fsync_dir(directory: str) -> None:
-    try:
-        dfd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dfd)
-    except OSError:
-        pass    # some file systems refuse fsync on directories (EINVAL); the data is synced
-    finally:
-        os.close(dfd)
 
 
 # ------------------------------------------------------------------------------------------ reader

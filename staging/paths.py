@@ -166,3 +166,23 @@ def check_output(path, what: str, *, overwrite: bool, exists_hint: str | None, c
                   "write to it", "name a new or regular file")
     if not overwrite:
         raise cls(f"{what} {path} exists", exists_hint)
+
+
+def fsync_directory(directory, strict: bool = False) -> None:
+    """Make a rename or create inside `directory` durable.  `strict` (the checkpoint: a
+    publication that may not be durable is not published) raises every failure; otherwise a
+    directory the OS will not open or fsync (some file systems refuse: EINVAL) is let go, the
+    file's own data being synced already."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        if strict:
+            raise
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        if strict:
+            raise
+    finally:
+        os.close(fd)
