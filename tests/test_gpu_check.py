@@ -40,8 +40,8 @@ def dry_run(tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if k != "OUT"}
     t = time.monotonic()
     r = subprocess.run(["bash", str(ROOT / "tools" / "gpu_check.sh"), "--dry-run", "--out",
-                        str(out), "--budget", str(DRY_RUN_BUDGET_S)], capture_output=True, text=True, env={**env, "PY": sys.executable},
-                       timeout=DRY_RUN_TIMEOUT_S)
+                        str(out), "--budget", str(DRY_RUN_BUDGET_S)], capture_output=True,
+                       text=True, env={**env, "PY": sys.executable}, timeout=DRY_RUN_TIMEOUT_S)
     wall = time.monotonic() - t
     print(f"\ngpu_check.sh --dry-run: {wall:.0f} s; {r.stdout[-1500:]}")
     return r, out, json.loads((out / "report.json").read_text())
@@ -182,6 +182,35 @@ def test_a_phase_past_its_timeout_fails_and_the_next_still_runs(tmp_path, monkey
     assert nxt["status"] == "ok" and nxt["summary"] == "ran"
     stat = Path(f"/proc/{pidfile.read_text().strip()}/stat")
     assert not stat.exists() or stat.read_text().split(") ", 1)[1][0] == "Z"   # gone or a zombie
+
+
+def test_sigterm_ends_the_command_in_flight_and_writes_the_report(tmp_path):
+    """Stopped from outside, the check kills its running command's process group, reports the
+    phase failed and the rest skipped, and leaves the report."""
+    pidfile, out = tmp_path / "child.pid", tmp_path / "out"
+    script = f"""
+import sys; sys.path.insert(0, {str(ROOT / 'tools')!r})
+from dataclasses import replace
+from pathlib import Path
+import gpu_check as G
+def hang(ctx):
+    ctx.sh("sleep", ["bash", "-c", "sleep 60 & echo $! > {pidfile}; wait"])
+mode = replace(G.DRY, predicted_s={{"hang": 1, "next": 1}})
+sys.exit(G.Check(mode, Path({str(out)!r}), 100).run([G.Phase("hang", "hang", hang),
+                                                     G.Phase("next", "next", hang)]))
+"""
+    p = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT)
+    deadline = time.monotonic() + 60
+    while not (pidfile.exists() and pidfile.read_text().strip()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    p.terminate()
+    assert p.wait(timeout=60) == 1
+    report = json.loads((out / "report.json").read_text())
+    assert [(x["name"], x["status"]) for x in report["phases"]] == [("hang", "failed"),
+                                                                    ("next", "skipped")]
+    assert report["phases"][0]["reason"] == "interrupted (SIGTERM)"
+    stat = Path(f"/proc/{pidfile.read_text().strip()}/stat")
+    assert not stat.exists() or stat.read_text().split(") ", 1)[1][0] == "Z"
 
 
 def test_a_failed_check_fails_its_phase_with_the_output_tail(tmp_path):

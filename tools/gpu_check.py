@@ -34,7 +34,7 @@ import tarfile
 import tempfile
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,6 +100,20 @@ class PhaseTimeout(Exception):
     pass
 
 
+class Interrupted(BaseException):      # not an Exception: no phase's `except` may swallow it
+    """SIGTERM or SIGINT reached the check: the phase in flight is reported failed, the rest
+    skipped, the report written."""
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """A command's own process group, by its id, and the command reaped."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
 @dataclass
 class Done:
     """A finished command: its exit code, its log (stderr, and stdout unless kept apart)."""
@@ -153,7 +167,8 @@ class Context:
     # ---- commands
     def start(self, label: str, argv: list, env: dict | None = None,
               json_out: bool = False) -> Started:
-        """Start a command in its own process group; stdout apart (logs/…/LABEL.json) if json_out."""
+        """Start a command in a process group of its own (in this session, so that whatever ends
+        the check from outside ends it too); stdout apart (logs/…/LABEL.json) if json_out."""
         log = self.logs / f"{label}.log"
         stdout = self.logs / f"{label}.json" if json_out else None
         with open(log, "w") as f:
@@ -163,10 +178,11 @@ class Context:
             try:
                 proc = subprocess.Popen([str(a) for a in argv], cwd=ROOT, stdout=out,
                                         stderr=f if stdout else subprocess.STDOUT,
-                                        start_new_session=True, env={**self.check.env, **(env or {})})
+                                        process_group=0, env={**self.check.env, **(env or {})})
             finally:
                 if stdout:
                     out.close()
+        self.check.live.add(proc)
         return Started(label, proc, log, time.monotonic(), stdout)
 
     def wait(self, s: Started) -> Done:
@@ -175,19 +191,15 @@ class Context:
         except subprocess.TimeoutExpired:
             self.kill(s)
             raise PhaseTimeout(f"{s.label} still running at the phase's timeout") from None
+        self.check.live.discard(s.proc)
         seconds = time.monotonic() - s.t0
         with open(s.log, "a") as f:
             f.write(f"\n[exit {rc} after {seconds:.1f} s]\n")
         return Done(s.label, rc, seconds, s.log, s.stdout)
 
-    @staticmethod
-    def kill(s: Started) -> None:
-        """The command's own process group (started in a new session), by its id."""
-        try:
-            os.killpg(s.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        s.proc.wait()
+    def kill(self, s: Started) -> None:
+        kill_group(s.proc)
+        self.check.live.discard(s.proc)
 
     def sh(self, label: str, argv: list, env: dict | None = None, json_out: bool = False) -> Done:
         return self.wait(self.start(label, argv, env, json_out))
@@ -293,6 +305,7 @@ class Check:
         self.logs.mkdir()
         self.streams = self.work / "streams"
         self.runs: dict = {}
+        self.live: set = set()              # commands running now
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1",
                     "PYTHONPATH": os.pathsep.join([str(ROOT)] + [p for p in os.environ.get(
                         "PYTHONPATH", "").split(os.pathsep) if p]),
@@ -309,10 +322,26 @@ class Check:
         return self.budget - (time.monotonic() - self.t0)
 
     def run(self, phases: list[Phase]) -> int:
+        def interrupt(signum, frame):
+            raise Interrupted(signal.Signals(signum).name)
+        old = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
-            for phase in phases:
-                self.run_phase(phase)
+            for i, phase in enumerate(phases):
+                try:
+                    self.run_phase(phase)
+                except Interrupted as e:
+                    for proc in list(self.live):
+                        kill_group(proc)
+                    self.report["phases"][-1].update(status="failed", reason=f"interrupted ({e})")
+                    for rest in phases[i + 1:]:
+                        self.report["phases"].append(
+                            {"name": rest.name, "title": rest.title, "status": "skipped",
+                             "predicted_s": float(self.mode.predicted_s[rest.name]),
+                             "seconds": 0.0, "reason": f"the check was interrupted ({e})"})
+                    break
         finally:
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
             self.write()
             shutil.rmtree(self.work, ignore_errors=True)
         print(summary_table(self.report))
