@@ -448,8 +448,8 @@ def phase_tiny(ctx: Context) -> str:
     shutil.copyfile(a.result, ctx.out / "tiny-result.bin")
     ctx.figures.update(
         golden=str(GOLDEN.relative_to(ROOT)), golden_verdict=gj.get("verdict"),
-        golden_sections=[{k: s.get(k) for k in ("section", "max_abs", "max_rel", "over",
-                                                 "verdict") if k in s}
+        golden_sections=[{k: s.get(k) for k in ("section", "differing", "beyond_tolerance",
+                                                 "max_abs", "max_rel", "first") if k in s}
                          for s in gj.get("sections", [])][:12],
         identity=[r for r in gj.get("identity", []) if r.get("differs")],
         run_seconds=[round(a.done.seconds, 1), round(b.done.seconds, 1)],
