@@ -102,15 +102,15 @@ def tables(timing, costs: dict):
         rows.append(row)
     graph = statistics.median(timing.graph_us)
     summed = float(med.sum())
-    predicted = {s: sum(c.us[s] for c in costs.values()) for s in ("optimistic", "central",
-                                                                   "pessimistic")} if costs else None
+    predicted = {s: _r(sum(c.us[s] for c in costs.values()))
+                 for s in ("optimistic", "central", "pessimistic")} if costs else None
     top = sorted(rows, key=lambda r: -r["us"])[:TOP_N]
     summary = {"launches": len(rows), "repeats": len(timing.graph_us), "lead_replays": timing.lead,
-               "sum_of_launches_us": summed, "graph_us_p50": graph,
-               "graph_us_min": min(timing.graph_us),
-               "graph_over_sum": graph / summed if summed else None,
-               "enqueue_us_p50": statistics.median(timing.enqueue_us),
-               "lead_us_p50": statistics.median(timing.lead_us),
+               "sum_of_launches_us": _r(summed), "graph_us_p50": _r(graph),
+               "graph_us_min": _r(min(timing.graph_us)),
+               "graph_over_sum": _r(graph / summed) if summed else None,
+               "enqueue_us_p50": _r(statistics.median(timing.enqueue_us)),
+               "lead_us_p50": _r(statistics.median(timing.lead_us)),
                "starved_repeats": timing.starved, "predicted_update_us": predicted,
                "top": [{k: r.get(k) for k in ("label", "kernel", "us", "predicted_us", "binding",
                                                 "ratio_central")} for r in top]}
