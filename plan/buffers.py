@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from plan.attention_split import attention_split
+from plan.tuning import tuning
+
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "i32": 4, "u32": 4}
 
 
@@ -47,6 +50,8 @@ def buffers(profile) -> dict[str, BufferSpec]:
     T, D, V, F, L = profile.context, profile.width, profile.vocab, profile.hidden, profile.layers
     N, W, Hd, H = profile.parameter_count, qkv_width(profile), profile.q_width, profile.heads
     S = norm_points(profile)
+    G, d = profile.kv_heads, profile.head_dim
+    split = attention_split(profile, tuning(profile))
     specs = [
         BufferSpec("pmv", "fp32", (3, N), "P plane at 0, M at N, V at 2N (the checkpoint payload)"),
         BufferSpec("grad", "fp32", (N,), "flat gradient of mean(ce), P-plane layout"),
@@ -74,5 +79,15 @@ def buffers(profile) -> dict[str, BufferSpec]:
         BufferSpec("dqkv16", "bf16", (T, W), "bf(dq|dk|dv), inverse rotary applied by the attention backward"),
         BufferSpec("de", "fp32", (T, D), "gradient at the gathered embedding rows"),
         BufferSpec("next_row", "i32", (T,), "next row with the same input token (T if none), embed_fwd"),
+        # attention split (plan/attention_split.py): slot c holds chunk c's partial; every layer
+        # reuses them (each is written and read by one launch pair)
+        BufferSpec("attn_o_part", "fp32", (split.fwd_slots, T, Hd),
+                   "attention_fwd chunks: Σ bf(exp(s − m_c))·v per row and head, unnormalized"),
+        BufferSpec("attn_ml_part", "fp32", (split.fwd_slots, 2, H, T),
+                   "attention_fwd chunks: row max m_c and row sum l_c per head"),
+        BufferSpec("attn_kv_part", "fp32", (split.bwd_slots, T, 2 * G * d),
+                   "attention_bwd chunks: dk' | dv partial sums per kv head (before rotary_backward)"),
+        BufferSpec("ds16", "bf16", (H, T, T),
+                   "bf(ds)ᵀ per head, [kv row, query row] (attention_bwd → attention_bwd_dq)"),
     ]
     return {s.name: s for s in specs}

@@ -12,6 +12,7 @@ import math
 import numpy as np
 
 from plan import profiles as _profiles
+from plan.attention_split import AttentionSplit, attention_split
 from plan.launch_refs import Context, staging
 from plan.launch_types import (RELEASE, BufferRef, Launch, RunScalar, StagingRef, cdiv, i32,
                                next_pow2, triton_launch)
@@ -92,25 +93,72 @@ def attention_constexprs(ctx: Context) -> dict:
             "HEAD_DIM": p.head_dim, "BLOCK_M": tu.attn_m, "BLOCK_N": tu.attn_n}
 
 
-def attention_fwd(ctx: Context, *, qkv, o16, o32, lse, label: str) -> Launch:
-    """Causal flash attention forward: one program per (query block, head)."""
+def _split(ctx: Context) -> AttentionSplit:
+    """The attention split of the profile's tuning; refuses chunks the kernels cannot run."""
+    tu = ctx.tu
+    if tu.attn_fwd_chunk < 1 or tu.attn_bwd_chunk < 1:
+        raise ValueError(f"attention chunks {tu.attn_fwd_chunk} (forward), {tu.attn_bwd_chunk} "
+                         "(dK/dV) must be ≥ 1; hint: kv blocks / trips per program")
+    if tu.attn_fwd_chunk * tu.attn_n % tu.attn_m:
+        raise ValueError(f"forward chunk of {tu.attn_fwd_chunk} kv blocks × {tu.attn_n} rows is no "
+                         f"multiple of BLOCK_M={tu.attn_m}; hint: a chunk must start at a query "
+                         "block's first row, or its first rows see no key")
+    return attention_split(ctx.p, tu)
+
+
+def attention_fwd(ctx: Context, *, qkv, o_part, ml_part, label: str) -> Launch:
+    """Causal flash attention forward, split: one program per (query block, kv chunk, head)
+    writing the chunk's unnormalized partial (plan/attention_split.py)."""
     tu = ctx.tu
     consts = attention_constexprs(ctx)
-    return triton_launch("plan.kernels.attention", "attention_fwd", (ctx.T // tu.attn_m, ctx.p.heads),
-                         {"qkv_ptr": qkv, "o16_ptr": o16, "o32_ptr": o32, "lse_ptr": lse,
+    split = _split(ctx)
+    return triton_launch("plan.kernels.attention", "attention_fwd", (len(split.fwd_programs()),),
+                         {"qkv_ptr": qkv, "o_part_ptr": o_part, "ml_part_ptr": ml_part,
                           "T": i32(ctx.T)},
-                         consts, num_warps=tu.attn_warps, num_stages=2, label=label)
+                         {**consts, "FWD_CHUNK": tu.attn_fwd_chunk},
+                         num_warps=tu.attn_warps, num_stages=2, label=label)
 
 
-def attention_bwd(ctx: Context, *, qkv, do, lse, delta, rope, dqkv, label: str) -> Launch:
-    """dK/dV programs (kv block, kv head), then dQ programs (query block, head), in one grid."""
+def attention_fwd_merge(ctx: Context, *, o_part, ml_part, o16, o32, lse, label: str) -> Launch:
+    """o16, o32, lse of each (query block, head) from its chunks' partials, in chunk order."""
     tu, p = ctx.tu, ctx.p
     consts = attention_constexprs(ctx)
-    programs = ctx.T // tu.attn_n * p.kv_heads + ctx.T // tu.attn_m * p.heads
-    return triton_launch("plan.kernels.attention", "attention_bwd", (programs,),
+    split = _split(ctx)
+    return triton_launch("plan.kernels.attention", "attention_fwd_merge",
+                         (len(split.fwd_merge_programs()),),
+                         {"o_part_ptr": o_part, "ml_part_ptr": ml_part, "o16_ptr": o16,
+                          "o32_ptr": o32, "lse_ptr": lse, "T": i32(ctx.T)},
+                         {"HEADS": p.heads, "HEAD_DIM": p.head_dim, "BLOCK_M": consts["BLOCK_M"],
+                          "BLOCK_N": consts["BLOCK_N"], "FWD_CHUNK": tu.attn_fwd_chunk},
+                         num_warps=4, num_stages=1, label=label)
+
+
+def attention_bwd(ctx: Context, *, qkv, do, lse, delta, kv_part, ds, label: str) -> Launch:
+    """dK/dV pass, split: one program per (kv block, trip chunk, kv head) writing partial dk′, dv
+    and every trip's bf(ds)ᵀ tile."""
+    tu = ctx.tu
+    consts = attention_constexprs(ctx)
+    split = _split(ctx)
+    return triton_launch("plan.kernels.attention", "attention_bwd", (len(split.dkdv_programs()),),
                          {"qkv_ptr": qkv, "do_ptr": do, "lse_ptr": lse, "delta_ptr": delta,
-                          "rope_ptr": rope, "dqkv_ptr": dqkv, "T": i32(ctx.T)},
-                         consts, num_warps=tu.attn_warps, num_stages=2, label=label)
+                          "kv_part_ptr": kv_part, "ds_ptr": ds, "T": i32(ctx.T)},
+                         {**consts, "BWD_CHUNK": tu.attn_bwd_chunk},
+                         num_warps=tu.attn_warps, num_stages=2, label=label)
+
+
+def attention_bwd_dq(ctx: Context, *, qkv, ds, kv_part, rope, dqkv, label: str) -> Launch:
+    """dQ programs (query block, head) from bf(ds), then the dK/dV merges (kv block, kv head), in
+    one grid; rotary_backward and bf16 into dqkv."""
+    tu, p = ctx.tu, ctx.p
+    consts = attention_constexprs(ctx)
+    split = _split(ctx)
+    return triton_launch("plan.kernels.attention", "attention_bwd_dq", (len(split.dq_programs()),),
+                         {"qkv_ptr": qkv, "ds_ptr": ds, "kv_part_ptr": kv_part, "rope_ptr": rope,
+                          "dqkv_ptr": dqkv, "T": i32(ctx.T)},
+                         {"HEADS": p.heads, "KV_HEADS": p.kv_heads, "HEAD_DIM": p.head_dim,
+                          "BLOCK_M": consts["BLOCK_M"], "BLOCK_N": consts["BLOCK_N"],
+                          "BWD_CHUNK": tu.attn_bwd_chunk},
+                         num_warps=tu.attn_warps, num_stages=2, label=label)
 
 
 # ---------------------------------------------------------------- loss, predictions, embedding

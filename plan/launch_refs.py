@@ -123,6 +123,8 @@ class GradRefs:
     do32: BufferRef             # gradient at the attention output (T, H·d)
     delta: BufferRef            # rowsum(do·o) per head (H, T)
     dqkv16: BufferRef           # bf(dq|dk|dv) after rotary_backward (T, W)
+    kv_part: BufferRef          # attention_bwd's partial dk' | dv per chunk slot
+    ds16: BufferRef             # bf(ds)ᵀ per head (H, T, T)
     de: BufferRef               # gradient at the gathered embedding rows (T, D)
     # pointers the kernels take but, with these flags, never read: they stay what the
     # compiled specializations were built for
@@ -133,5 +135,6 @@ class GradRefs:
 def grad_refs(ctx: Context) -> GradRefs:
     return GradRefs(dlogits16=ctx.buf("dlogits16"), dn=ctx.buf("dn"), dres=ctx.buf("dres"),
                     dres16=ctx.buf("dres16"), dab16=ctx.buf("dab16"), do32=ctx.buf("do32"),
-                    delta=ctx.buf("delta"), dqkv16=ctx.buf("dqkv16"), de=ctx.buf("de"),
+                    delta=ctx.buf("delta"), dqkv16=ctx.buf("dqkv16"), kv_part=ctx.buf("attn_kv_part"),
+                    ds16=ctx.buf("ds16"), de=ctx.buf("de"),
                     no_aux=ctx.buf("dn"), no_gain=ctx.param("g_final"))

@@ -24,6 +24,8 @@ class Tuning:
     attn_m: int
     attn_n: int
     attn_warps: int
+    attn_fwd_chunk: int                          # kv blocks per attention_fwd program (a split)
+    attn_bwd_chunk: int                          # (query head, query block) trips per dK/dV program
     ce_rows: int
     ce_warps: int
     adamw_block: int
@@ -37,6 +39,9 @@ class Tuning:
 
 H200 = Tuning(mm_tiles=((128, 128), (128, 64), (64, 64)), mm_min_programs=120, mm_block_k=64,
               mm_warps=8, mm_stages=3, rows=4, rows_warps=4, attn_m=64, attn_n=64, attn_warps=4,
+              # attention split (docs/PERFORMANCE.md, issue 14): ≤ 4 kv blocks per forward program
+              # (320 programs ≤ 528 slots at 4 per SM), ≤ 5 trips per dK/dV program (244 ≤ 264)
+              attn_fwd_chunk=4, attn_bwd_chunk=5,
               ce_rows=1, ce_warps=16, adamw_block=2048, adamw_warps=8, vocab_block=16,
               gain_cols=32, gain_rows=64,
               # 128×128 spilled 360 B (ptxas -v: 255 registers, the epilogue holds dz, a, b, σ);
@@ -46,6 +51,9 @@ H200 = Tuning(mm_tiles=((128, 128), (128, 64), (64, 64)), mm_min_programs=120, m
 # it) while the interpreter sees few programs: 128×128×128 matmul tiles, one stage.
 INTERPRETER = Tuning(mm_tiles=((128, 128),), mm_min_programs=1, mm_block_k=128, mm_warps=8,
                      mm_stages=1, rows=128, rows_warps=8, attn_m=128, attn_n=128, attn_warps=8,
+                     # the longer half of the rows in two chunks: the split and the merges run in
+                     # the whole-plan interpreter tests for a few programs more (48 + 24 vs 32 + 16)
+                     attn_fwd_chunk=4, attn_bwd_chunk=8,
                      ce_rows=32, ce_warps=8, adamw_block=16384, adamw_warps=8, vocab_block=64,
                      gain_cols=128, gain_rows=128)
 TUNING = {"coppelius": H200, "tiny": INTERPRETER}

@@ -16,8 +16,8 @@ from plan import launches, profiles
 
 # profile: (sha256 of the launch lists, launches per submission, distinct compiled entries)
 PINS = {
-    "coppelius": ("a1814417b94a35bc9c3b01df2af73b3ed107ba7d2205e9f84a3c61cd62783b24", (54, 155, 53), 23),
-    "tiny": ("d75c7a3179ac095679fe887365707b8d111621b8415cd95375813baf2a8b4748", (19, 43, 18), 21),
+    "coppelius": ("90c0a96c5d3c99233ee013106b1b89932596b0b3293467aac0d5e1be9722edd5", (63, 173, 62), 25),
+    "tiny": ("bafb1bc218cf9ef7d0ba9f748da6b7aa117f4ed6baf8f2198ba1a81da9f255fc", (21, 47, 20), 23),
 }
 
 

@@ -155,20 +155,44 @@ def test_matmul_tile_mapping_is_the_kernels():
         ps.check_launch(launch, specs, pids=[pid])
 
 
-def test_attention_bwd_program_mapping_is_the_kernels():
-    T, H, G, d, bm, bn = 64, 4, 2, 16, 32, 16
-    specs = {"qkv": _spec("qkv", "bf16", (T, (H + 2 * G) * d)), "do": _spec("do", "fp32", (T, H * d)),
-             "lse": _spec("lse", "fp32", (H, T)), "delta": _spec("delta", "fp32", (H, T)),
-             "rope": _spec("rope", "fp32", (T, d)), "dqkv": _spec("dqkv", "bf16", (T, (H + 2 * G) * d))}
-    args = {f"{n}_ptr": launches.BufferRef(n, 0, specs[n].dtype) for n in
-            ("qkv", "do", "lse", "delta", "rope", "dqkv")}
+ATTENTION_ARGS = {   # the builders' pointer arguments (plan/launch_builders.py), in order
+    "attention_fwd": ("qkv", "o_part", "ml_part"),
+    "attention_fwd_merge": ("o_part", "ml_part", "o16", "o32", "lse"),
+    "attention_bwd": ("qkv", "do", "lse", "delta", "kv_part", "ds"),
+    "attention_bwd_dq": ("qkv", "ds", "kv_part", "rope", "dqkv"),
+}
+
+
+@pytest.mark.parametrize("function", list(ATTENTION_ARGS))
+def test_attention_program_mapping_is_the_kernels(function):
+    """Each program of a small split attention launch (ragged dK/dV chunks that cross query
+    heads, 1 and 2 forward chunks, BLOCK_M = 2·BLOCK_N), run alone, writes exactly what
+    plan/attention_split.py says it owns."""
+    from plan.attention_split import AttentionSplit
+    T, H, G, d, bm, bn, fc, bc = 64, 4, 2, 16, 32, 16, 2, 3
+    sp = AttentionSplit(T, bm, bn, H, G, fc, bc)
+    W = (H + 2 * G) * d
+    shapes = {"qkv": ("bf16", (T, W)), "o_part": ("fp32", (sp.fwd_slots, T, H * d)),
+              "ml_part": ("fp32", (sp.fwd_slots, 2, H, T)), "o16": ("bf16", (T, H * d)),
+              "o32": ("fp32", (T, H * d)), "lse": ("fp32", (H, T)), "do": ("fp32", (T, H * d)),
+              "delta": ("fp32", (H, T)), "kv_part": ("fp32", (sp.bwd_slots, T, 2 * G * d)),
+              "ds": ("bf16", (H, T, T)), "rope": ("fp32", (T, d)), "dqkv": ("bf16", (T, W))}
+    specs = {n: _spec(n, *shapes[n]) for n in ATTENTION_ARGS[function]}
+    args = {f"{n}_ptr": launches.BufferRef(n, 0, specs[n].dtype) for n in ATTENTION_ARGS[function]}
     args["T"] = launches.Scalar("i32", T)
-    n = T // bn * G + T // bm * H
-    launch = _launch("plan.kernels.attention", "attention_bwd", (n,), args,
-                     {"SCALE": 0.25, "HEADS": H, "KV_HEADS": G, "HEAD_DIM": d, "BLOCK_M": bm,
-                      "BLOCK_N": bn}, specs)
-    seen = {ps.attention_bwd_program(p, T, bm, bn, H, G) for p in range(n)}
-    assert len(seen) == n
+    consts = {"SCALE": 0.25, "HEADS": H, "KV_HEADS": G, "HEAD_DIM": d, "BLOCK_M": bm, "BLOCK_N": bn,
+              "FWD_CHUNK": fc, "BWD_CHUNK": bc}
+    keep = {"attention_fwd": ("SCALE", "HEADS", "KV_HEADS", "HEAD_DIM", "BLOCK_M", "BLOCK_N", "FWD_CHUNK"),
+            "attention_fwd_merge": ("HEADS", "HEAD_DIM", "BLOCK_M", "BLOCK_N", "FWD_CHUNK"),
+            "attention_bwd": ("SCALE", "HEADS", "KV_HEADS", "HEAD_DIM", "BLOCK_M", "BLOCK_N", "BWD_CHUNK"),
+            "attention_bwd_dq": ("HEADS", "KV_HEADS", "HEAD_DIM", "BLOCK_M", "BLOCK_N", "BWD_CHUNK")}
+    n = {"attention_fwd": len(sp.fwd_programs()), "attention_fwd_merge": len(sp.fwd_merge_programs()),
+         "attention_bwd": len(sp.dkdv_programs()), "attention_bwd_dq": len(sp.dq_programs())}[function]
+    launch = _launch("plan.kernels.attention", function, (n,), args,
+                     {k: consts[k] for k in keep[function]}, specs)
+    if function == "attention_bwd":
+        assert any(len({j for j, _ in sp.dkdv_chunk_pairs(b, c)}) > 1 for b, c, _ in sp.dkdv_programs())
+        assert any(len(sp.dkdv_chunk_pairs(b, c)) < bc for b, c, _ in sp.dkdv_programs())
     for pid in range(n):
         ps.check_launch(launch, specs, pids=[pid])
 
@@ -186,17 +210,4 @@ def test_rmsnorm_bwd_gain_program_mapping_is_the_kernels():
                      {"D": D, "WRITE_BF16": True, "BLOCK_R": 4, "BLOCK_D": 64, "GAIN_ROWS": 4,
                       "GAIN_COLS": 16}, specs)
     for pid in range(6):
-        ps.check_launch(launch, specs, pids=[pid])
-
-
-def test_attention_fwd_two_dimensional_grid():
-    T, H, G, d, bm, bn = 64, 2, 1, 16, 32, 16
-    specs = {"qkv": _spec("qkv", "bf16", (T, (H + 2 * G) * d)), "o16": _spec("o16", "bf16", (T, H * d)),
-             "o32": _spec("o32", "fp32", (T, H * d)), "lse": _spec("lse", "fp32", (H, T))}
-    args = {f"{n}_ptr": launches.BufferRef(n, 0, specs[n].dtype) for n in specs}
-    args["T"] = launches.Scalar("i32", T)
-    launch = _launch("plan.kernels.attention", "attention_fwd", (T // bm, H), args,
-                     {"SCALE": 0.25, "HEADS": H, "KV_HEADS": G, "HEAD_DIM": d, "BLOCK_M": bm,
-                      "BLOCK_N": bn}, specs)
-    for pid in [(0, 0), (1, 0), (0, 1), (1, 1)]:
         ps.check_launch(launch, specs, pids=[pid])
