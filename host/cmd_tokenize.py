@@ -93,15 +93,15 @@ class Batch:
 def encode_batch(paths: list[str], eot: int | None) -> Batch:
     """Read and encode one batch with this process's encoder; stop at the first unusable file."""
     import numpy as np
+
+    from staging.errors import UserError
+    from staging.paths import read_regular
     texts, bytes_read, latin1 = [], 0, 0
     for path in paths:
-        try:
-            with open(path, "rb") as f:
-                data = f.read()
-        except OSError as e:
-            return Batch(np.zeros(0, "<u4"), bytes_read, latin1,
-                         (f"cannot read {path}: {e.strerror}",
-                          "check that it still exists and is readable"))
+        try:            # never blocks (a FIFO is refused), every OSError named with its errno
+            data = read_regular(path, "source")
+        except UserError as e:
+            return Batch(np.zeros(0, "<u4"), bytes_read, latin1, (e.message, e.hint))
         if b"\0" in data:     # binary: BPE over it is slow and useless
             return Batch(np.zeros(0, "<u4"), bytes_read, latin1,
                          (f"{path} contains NUL bytes: not a text file",
@@ -174,6 +174,7 @@ def run(args) -> int:
     from rich.console import Console
 
     from plan import profiles
+    from staging import paths
     from staging import tokens as tk
     from . import tokenizer as tz
     from .errors import UserError
@@ -190,8 +191,8 @@ def run(args) -> int:
             f"train one with at most {profile.vocab} ids (tools/train_tokenizer.py --vocab)")
     eot = tz.end_of_text_id(tok)
     out = pathlib.Path(args.output)
-    if out.exists() and not args.force:
-        raise UserError(f"token cache {out} exists", "pass --force to overwrite it")
+    paths.check_output(out, "token cache", overwrite=args.force,
+                       exists_hint="pass --force to overwrite it", parents=True)
     files = tk.source_files(args.sources)
     if not files:
         raise UserError(f"no files under {' '.join(args.sources)}", "name files or directories")
@@ -206,7 +207,8 @@ def run(args) -> int:
     show = args.progress
     console = Console(stderr=True, force_terminal=True if show else None)
     t0 = time.perf_counter()
-    out.parent.mkdir(parents=True, exist_ok=True)
+    with paths.refusing("token cache", out, "create"):
+        out.parent.mkdir(parents=True, exist_ok=True)
     _encoder = tz.Encoder(tok)      # forked workers start with this copy
     try:
         n_tokens, latin1 = _write(out, batch_list, jobs, args.tokenizer, eot,
@@ -232,11 +234,14 @@ def _write(out, batch_list, jobs, tokenizer_path, eot, header, size, console, sh
     from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn,
                                TimeRemainingColumn, TransferSpeedColumn)
 
+    from staging import paths
+
     from .errors import UserError
     n_tokens, latin1 = 0, 0
     # the pool forks before the progress bar starts its refresh thread
     with _Pool(jobs, tokenizer_path) as pool:
-        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
+        with paths.refusing("token cache", out, "create"):
+            fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
         # SIGTERM unwinds like ^C so the temporary file is removed
         previous = signal.signal(signal.SIGTERM,
                                  lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from staging import paths
+
 from .errors import UserError
 
 SMOOTH_STEPS = 50        # moving-average window drawn over the raw per-step loss
@@ -72,6 +74,6 @@ def plot(rf, path, floor: float | None = None) -> None:
     try:
         fig.savefig(path, dpi=110)
     except OSError as e:
-        raise PlotUnavailable(f"cannot write plot {path}: {e.strerror}") from None
+        raise paths.os_refusal(e, "plot", path, "write", PlotUnavailable) from None
     finally:
         plt.close(fig)

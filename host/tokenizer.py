@@ -16,6 +16,7 @@ pre-tokenizer, and any text that contains an added token, goes through `encode_b
 """
 from __future__ import annotations
 
+import errno
 import itertools
 import json
 import pathlib
@@ -23,6 +24,8 @@ import re
 import sysconfig
 
 import numpy as np
+
+from staging import paths
 
 from .errors import UserError
 
@@ -49,17 +52,18 @@ def _tokenizers():
 
 
 def load(path=None):
-    """A `tokenizers.Tokenizer` from a JSON file (default: the shipped one)."""
+    """A `tokenizers.Tokenizer` from a JSON file (default: the shipped one).  The file is read
+    without blocking (a FIFO or device is refused) and every OSError is a one-line refusal."""
     tk = _tokenizers()
     path = pathlib.Path(path) if path else DEFAULT_TOKENIZER
-    if not path.is_file():
-        raise TokenizerRefused(f"tokenizer {path} does not exist",
-                               "omit --tokenizer to use the shipped one")
+    data = paths.read_regular(path, "tokenizer", TokenizerRefused,
+                              {errno.ENOENT: "omit --tokenizer to use the shipped one",
+                               "not regular": "name a tokenizers JSON file"})
     try:
-        return tk.Tokenizer.from_file(str(path))
+        return tk.Tokenizer.from_str(data.decode("utf-8"))
     except Exception as e:      # tokenizers raises a bare Exception for malformed JSON
         raise TokenizerRefused(f"tokenizer {path} is not a tokenizers JSON file: "
-                               f"{str(e).splitlines()[0][:120]}",
+                               f"{(str(e).splitlines() or [type(e).__name__])[0][:120]}",
                                "train one with tools/train_tokenizer.py") from None
 
 
