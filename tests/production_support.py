@@ -254,6 +254,7 @@ class Output:
     space: Space
     start: int                  # absolute byte offset of the logical region's first element
     dtype: str
+    at: int = 0                 # elements past the argument's pointer (a P/M/V plane behind it)
 
     @property
     def itemsize(self) -> int:
@@ -383,9 +384,12 @@ class Case:
         self.data[key or name] = seen
         return seen
 
-    def output(self, name: str, shape, tol: Tol) -> None:
-        space, start, dtype = self._locate(name)
-        self.outputs[name] = Output(name, tuple(shape), tol, space, start, dtype)
+    def output(self, name: str, shape, tol: Tol, at: int = 0, key: str | None = None) -> None:
+        """Declare the output region `shape` at argument `name` (+ `at` elements), owned and
+        checked as `key` (default: the argument's name; one pointer may lead to several
+        outputs, e.g. the P, M and V planes of a parameter)."""
+        space, start, dtype = self._locate(name, at)
+        self.outputs[key or name] = Output(name, tuple(shape), tol, space, start, dtype, at)
 
     def watch(self, name: str, index) -> None:
         """Also poison and watch `index` of output `name` without owning it (elements a sampled
@@ -515,7 +519,7 @@ class Case:
                 scale[name] = max(scale.get(name, 0.0), float(np.abs(want.astype(np.float64)).max()))
         for name, index, want, pid in self.claims:
             out = self.outputs[name]
-            raw = self.region(name, out.shape)[index]
+            raw = self.region(out.arg, out.shape, out.at)[index]
             got = bf16_values(raw) if out.dtype == "bf16" else raw
             msg, ratio, line = _compare(got, want, out.tol, _origin(index), scale.get(name, 0.0))
             if msg:
@@ -595,6 +599,9 @@ REGISTRY: dict[str, object] = {}
 SKIPPED = {
     L.RELEASE: "hand-written PTX (plan/kernels/release.ptx), not Triton: the interpret backend "
                "emulates it in Python; its semaphore records are checked by the host tests",
+    L.STAGE_IN: "hand-written PTX (plan/kernels/release_stage_in.ptx), not Triton: the interpret "
+                "backend emulates it; tests/test_staging_reads.py and test_agreements.py check "
+                "what it loads and the layout it copies",
 }
 
 
@@ -637,28 +644,51 @@ def check_launch(launch, specs, profile=None, seed: int | None = None, pids=None
 
 # ---------------------------------------------------------------- matmul family
 
+def _splits(case) -> int:
+    return dict(case.launch.constexprs).get("SPLIT_K", 1)
+
+
 def _matmul_dims(case):
     M, N, K = case.scalar("M", "N", "K")
     bm, bn, g = case.const("BLOCK_M", "BLOCK_N", "GROUP_M")
-    tiles = cdiv(M, bm) * cdiv(N, bn)
+    tiles = cdiv(M, bm) * cdiv(N, bn) * _splits(case)
     if tuple(case.launch.grid) != (tiles, 1, 1):
         raise AssertionError(f"{case.launch.kernel}: grid {case.launch.grid} but {M}×{N} in "
-                             f"{bm}×{bn} tiles is {tiles} programs")
+                             f"{bm}×{bn} tiles × {_splits(case)} K splits is {tiles} programs")
     return M, N, K, bm, bn, g
 
 
 def _matmul_programs(case):
+    """The corner tiles (and a ragged group's first) of the first and the last K split."""
     M, N, _, bm, bn, g = _matmul_dims(case)
     tm, tn = cdiv(M, bm), cdiv(N, bn)
     corners = [matmul_pid(pm, pn, M, N, bm, bn, g) for pm, pn in
                ((tm - 1, tn - 1), (0, tn - 1), (tm - 1, 0), (tm - 1 - (tm - 1) % g, 0))]
-    return sample(tm * tn, *corners)
+    last = (_splits(case) - 1) * tm * tn
+    return sample(tm * tn * _splits(case), *corners, *(last + c for c in corners))
+
+
+def matmul_split(pid: int, M: int, N: int, K: int, BM: int, BN: int, BK: int, S: int):
+    """(tile pid, K range) of program pid of a split-K matmul: plan/kernels/matmul.py — program
+    split · tiles + tile sums chunks [split · per, (split + 1) · per) of cdiv(K, BK)."""
+    tiles = cdiv(M, BM) * cdiv(N, BN)
+    split, per = pid // tiles, cdiv(cdiv(K, BK), S) * BK
+    return pid % tiles, slice(min(K, split * per), min(K, (split + 1) * per)), split
 
 
 def _tile(case, pid):
     M, N, _, bm, bn, g = _matmul_dims(case)
-    pm, pn = matmul_tile(pid, M, N, bm, bn, g)
+    pm, pn = matmul_tile(pid % (cdiv(M, bm) * cdiv(N, bn)), M, N, bm, bn, g)
     return pn, _block(pm, bm, M), _block(pn, bn, N)
+
+
+def _ssq_input(case, x: np.ndarray) -> None:
+    """The producer's per-row partial sums of squares of the residual x (M, K) the norm prologue
+    reads: SSQ_PARTS column chunks (as matmul_residual's column tiles write them)."""
+    parts = case.const("SSQ_PARTS")
+    bounds = np.linspace(0, x.shape[1], parts + 1).astype(int)
+    case.input("ssq_ptr", values=np.stack([(x[:, a:b] * x[:, a:b]).sum(1, dtype=np.float32)
+                                           for a, b in zip(bounds[:-1], bounds[1:])]))
 
 
 def _prologue_expect(case, pn, rows, y16, r):
@@ -685,6 +715,8 @@ class _Matmul:
         if epi == meta.EPI_SWIGLU_BWD:
             case.input("aux_ptr", (M, 2 * N))                         # [a | b] of the forward
             case.output("c_ptr", (M, 2 * N), T_ULP)
+        elif _splits(case) > 1:                                       # (splits, M, N) partials
+            case.output("c_ptr", (_splits(case), M, N), T_SAME)
         else:
             case.output("c_ptr", (M, N), T_ULP if epi == meta.EPI_BF16 else T_SAME)
 
@@ -696,6 +728,12 @@ class _Matmul:
         N = case.scalar("N")
         epi = case.const("EPILOGUE")
         A, B = case.cache["A"], case.cache["B"]
+        if _splits(case) > 1:                # partial `split` of the K chunks it owns
+            M, K = case.scalar("M", "K")
+            bm, bn, bk = case.const("BLOCK_M", "BLOCK_N", "BLOCK_K")
+            _, ks, split = matmul_split(pid, M, N, K, bm, bn, bk, _splits(case))
+            yield "c_ptr", (split, rows, cols), ref.bf16(A[rows, ks]) @ ref.bf16(B[ks, cols])
+            return
         acc = ref.bf16(A[rows]) @ ref.bf16(B[:, cols])
         if epi == meta.EPI_F32:
             yield "c_ptr", (rows, cols), acc
@@ -718,6 +756,30 @@ class _Matmul:
             raise AssertionError(f"{case.launch.kernel}: no oracle for EPILOGUE={epi}")
 
 
+@oracle("matmul_residual")
+class _MatmulResidual:
+    """out = x + bf(A) @ bf(B)ᵀ (the reference out_proj / mlp's residual add) and each column
+    tile's per-row Σ out² (of the oracle's out: ELEMENTWISE)."""
+
+    def setup(self, case):
+        M, N, K, *_ = _matmul_dims(case)
+        case.input("a_ptr", (M, K))
+        case.input("b_ptr", (N, K), scale=0.1)
+        case.input("x_ptr", (M, N))
+        case.output("out_ptr", (M, N), T_SAME)
+        case.output("ssq_ptr", (cdiv(N, case.const("BLOCK_N")), M), T_ELEM)
+
+    def programs(self, case):
+        return _matmul_programs(case)
+
+    def expect(self, case, pid):
+        pn, rows, cols = _tile(case, pid)
+        d = case.data
+        out = d["x_ptr"][rows, cols] + ref.bf16(d["a_ptr"][rows]) @ ref.bf16(d["b_ptr"][cols]).T
+        yield "out_ptr", (rows, cols), out
+        yield "ssq_ptr", (pn, rows), (out * out).sum(1, dtype=np.float32)
+
+
 @oracle("matmul_rotary")
 class _MatmulRotary:
     """qkv16 = bf(rotary(bf(rmsnorm(x)) @ bf(W)ᵀ)): reference qkv then rotary on q and k heads."""
@@ -725,7 +787,7 @@ class _MatmulRotary:
     def setup(self, case):
         M, N, K, *_ = _matmul_dims(case)
         d = case.const("HEAD_DIM")
-        case.input("x_ptr", (M, K), scale=2.0)
+        _ssq_input(case, case.input("x_ptr", (M, K), scale=2.0))
         case.input("w_ptr", (N, K))
         cos, sin = ref.rotary_tables(types.SimpleNamespace(context=M, head_dim=d))
         case.input("rope_ptr", values=np.concatenate([cos, sin], axis=1))
@@ -757,7 +819,7 @@ class _MatmulSwiglu:
 
     def setup(self, case):
         M, N, K, *_ = _matmul_dims(case)
-        case.input("x_ptr", (M, K), scale=2.0)
+        _ssq_input(case, case.input("x_ptr", (M, K), scale=2.0))
         case.input("wg_ptr", (N, K), scale=0.1)
         case.input("wu_ptr", (N, K), scale=0.1)
         case.output("ab_ptr", (M, 2 * N), T_ULP)
@@ -778,29 +840,6 @@ class _MatmulSwiglu:
         yield "ab_ptr", (rows, slice(N + cols.start, N + cols.stop)), m.b
         yield "z_ptr", (rows, cols), ref.bf16(m.z)
         yield from _prologue_expect(case, pn, rows, m.h, m.r)
-
-
-@oracle("matmul_norm")
-class _MatmulNorm:
-    """logits = bf(final_norm(x)) @ bf(W)ᵀ: the reference final_norm and head stages on the tile."""
-
-    def setup(self, case):
-        M, N, K, *_ = _matmul_dims(case)
-        case.input("x_ptr", (M, K), scale=3.0)
-        case.input("g_ptr", values=1 + 0.1 * case.rng.standard_normal(K, dtype=np.float32))
-        case.input("w_ptr", (N, K))
-        case.output("c_ptr", (M, N), T_ULP)
-        case.output("h16_ptr", (M, K), T_ULP)
-        case.output("rstd_ptr", (M,), T_ELEM)
-
-    def programs(self, case):
-        return _matmul_programs(case)
-
-    def expect(self, case, pid):
-        pn, rows, cols = _tile(case, pid)
-        f = ref.final_norm(case.data["x_ptr"][rows], case.data["g_ptr"])
-        yield "c_ptr", (rows, cols), ref.head(f.hf, case.data["w_ptr"][cols])
-        yield from _prologue_expect(case, pn, rows, f.hf, f.r)
 
 
 @oracle("matmul_delta")
@@ -1079,15 +1118,20 @@ class _AttentionBwdDq:
 # ---------------------------------------------------------------- row kernels
 
 def _norm_inputs(case, T, D):
+    """x, its rstd, and dy as DY_PARTS split-K partials (case.data["dy"]: their sum in order)."""
     x = case.input("x_ptr", (T, D), scale=2.0)
     _, r = ref.rmsnorm(x)
     case.input("rstd_ptr", values=r)
-    case.input("dy_ptr", (T, D))
+    parts = case.input("dy_ptr", (case.const("DY_PARTS"), T, D))
+    dy = parts[0]
+    for p in parts[1:]:
+        dy = dy + p
+    case.data["dy"] = dy
     return x
 
 
 def _rows_expect(case, rows, has_gain, accumulate, write_bf16):
-    x, r, dy = case.data["x_ptr"][rows], case.data["rstd_ptr"][rows], case.data["dy_ptr"][rows]
+    x, r, dy = case.data["x_ptr"][rows], case.data["rstd_ptr"][rows], case.data["dy"][rows]
     if has_gain:
         dy = dy * case.data["g_ptr"]
     dx = ref.rmsnorm_backward(dy, x * r[:, None], r)
@@ -1096,6 +1140,27 @@ def _rows_expect(case, rows, has_gain, accumulate, write_bf16):
     yield "dx_ptr", (rows,), dx
     if write_bf16:
         yield "dx16_ptr", (rows,), ref.bf16(dx)
+
+
+@oracle("final_norm")
+class _FinalNorm:
+    """h16 = bf(final_norm(x)·g) and rstd: the reference final_norm stage, the head's input."""
+
+    def setup(self, case):
+        T, D = case.scalar("T"), case.const("D")
+        case.input("x_ptr", (T, D), scale=3.0)
+        case.input("g_ptr", values=1 + 0.1 * case.rng.standard_normal(D, dtype=np.float32))
+        case.output("h16_ptr", (T, D), T_ULP)
+        case.output("rstd_ptr", (T,), T_ELEM)
+
+    def programs(self, case):
+        return sample(case.launch.grid[0])
+
+    def expect(self, case, pid):
+        rows = _block(pid, case.const("BLOCK_R"), case.scalar("T"))
+        f = ref.final_norm(case.data["x_ptr"][rows], case.data["g_ptr"])
+        yield "h16_ptr", (rows,), ref.bf16(f.hf)
+        yield "rstd_ptr", (rows,), f.r
 
 
 @oracle("rmsnorm_bwd")
@@ -1137,7 +1202,7 @@ class _RmsnormBwdGain:
         x = _norm_inputs(case, T, D)
         g = case.input("g_ptr", values=1 + 0.1 * case.rng.standard_normal(D, dtype=np.float32))
         y, r = x * case.data["rstd_ptr"][:, None], case.data["rstd_ptr"]
-        case.cache["dg"] = ref.final_norm_backward(case.data["dy_ptr"], y, r, g)[1]
+        case.cache["dg"] = ref.final_norm_backward(case.data["dy"], y, r, g)[1]
         case.output("dx_ptr", (T, D), T_ELEM)
         if case.const("WRITE_BF16"):
             case.output("dx16_ptr", (T, D), T_ULP)
@@ -1200,7 +1265,8 @@ class _EmbedFwd:
             types.SimpleNamespace(context=T, head_dim=d)), axis=1)
         for name, shape, tol in (("emb_ptr", (T, D), EXACT), ("rstd_ptr", (T,), T_ELEM),
                                  ("x_ptr", (T, D), T_ELEM), ("rope_ptr", (T, d), T_ELEM),
-                                 ("next_ptr", (T,), EXACT)):
+                                 ("next_ptr", (T,), EXACT),
+                                 ("ssq_ptr", (case.const("SSQ_PARTS"), T), T_ELEM)):
             case.output(name, shape, tol)
 
     def programs(self, case):
@@ -1214,27 +1280,84 @@ class _EmbedFwd:
         yield "x_ptr", (rows,), e.x
         yield "rope_ptr", (rows,), case.cache["rope"][rows]
         yield "next_ptr", (rows,), case.cache["next"][rows]
+        parts, width = case.const("SSQ_PARTS"), case.const("BLOCK_D") // case.const("SSQ_PARTS")
+        x2 = np.zeros((e.x.shape[0], parts * width), np.float32)
+        x2[:, :e.x.shape[1]] = e.x * e.x
+        yield "ssq_ptr", (slice(0, parts), rows), x2.reshape(-1, parts, width).sum(-1).T
+
+
+class _Learner:
+    """Shared by the fused AdamW oracles: t = t_base + doorbell, fresh P/M/V of a parameter
+    window written as inputs, and the reference learner on a window of the parameter table."""
+    T_BASE, DOORBELL = 4998, 7
+
+    @classmethod
+    def start(cls, case):
+        case.run_scalars["t_base"] = cls.T_BASE
+        case.input("doorbell_ptr", values=np.array([cls.DOORBELL], np.uint32))
+
+    @staticmethod
+    def planes(case, arg: str, at: int, n: int, key: str):
+        """Fresh P, M, V of n elements at element `at` of parameter pointer `arg` (P plane;
+        M, V NPARAM and 2·NPARAM further), kept as case.data[f"{key}{P|M|V}"]."""
+        N = case.scalar("NPARAM")
+        # V ≥ 1e-6 ≫ (1 − β2)·g² (≈ 6e-10 for the weight_grad oracle's |g| ≈ 8e-4): a product's
+        # gradient differs from numpy's by SAME_OPERANDS (another accumulation order), which
+        # step·m/√v would amplify where v ≈ 0; the bit-for-bit check on the same gradient is
+        # tests/test_kernels_weight_grad.py's
+        vals = (0.02 * case.rng.standard_normal(n, dtype=np.float32),
+                1e-3 * case.rng.standard_normal(n, dtype=np.float32),
+                1e-6 * (1 + np.abs(case.rng.standard_normal(n, dtype=np.float32))))
+        for plane, (name, v) in enumerate(zip("PMV", vals)):
+            case.input(arg, values=v, at=plane * N + at, key=f"{key}{name}")
+
+    @classmethod
+    def update(cls, case, key: str, g: np.ndarray, decayed: bool):
+        """The reference learner's (P, M, V) for planes `key` and gradient g (flat)."""
+        n = g.size
+        one = types.SimpleNamespace(offset=0, end=n, decay=decayed)
+        prof = types.SimpleNamespace(parameter_count=n, learner=case.profile.learner,
+                                     parameters=[one])
+        d = case.data
+        return ref.adamw(prof, d[key + "P"], d[key + "M"], d[key + "V"],
+                         np.ascontiguousarray(g, np.float32).reshape(-1), cls.T_BASE + cls.DOORBELL)
+
+    @staticmethod
+    def outputs(case, arg: str, shape, prefix: str) -> None:
+        N = case.scalar("NPARAM")
+        for plane, name in enumerate("PMV"):
+            case.output(arg, shape, T_ADAMW, at=plane * N, key=prefix + name)
 
 
 @oracle("embed_grad")
 class _EmbedGrad:
     """dE rows = Σ de over the rows holding each id, increasing row order (np.add.at, sequential:
-    the reference embed_backward's sum); w1 = dE's first W1_WORDS words."""
+    the reference embed_backward's sum); w1 = dE's first W1_WORDS words; E's rows of P, M, V: the
+    reference learner on those sums (decayed); the last program: the two gains from dgain (not
+    decayed).  Only the sampled programs' rows of the planes are written as inputs."""
 
     def setup(self, case):
         T, V = case.scalar("T", "V")
         D, bv = case.const("D", "BLOCK_V")
         n = case.launch.grid[0]
-        if n != cdiv(V, bv):
-            raise AssertionError(f"{case.launch.kernel}: grid {n} is not cdiv({V}, {bv})")
+        if n != cdiv(V, bv) + 1:
+            raise AssertionError(f"{case.launch.kernel}: grid {n} is not cdiv({V}, {bv}) + 1")
+        _Learner.start(case)
         case.hint = sample(n)
-        hot = [int(p * bv + case.rng.integers(0, bv)) for p in case.hint for _ in range(3)]
-        hot = [min(t, V - 1) for t in hot]
+        hot = [min(int(p * bv + case.rng.integers(0, bv)), V - 1) for p in case.hint[:-1]
+               for _ in range(3)]
         ids = _token_ids(case, T, V, hot)
         case.input("ids_ptr", values=ids)
         case.input("next_ptr", values=_next_rows(ids))
         case.input("de_ptr", (T, D))
-        case.output("de_table_ptr", (V, D), EXACT)
+        case.input("dgain_ptr", (2, D), scale=1e-3)
+        for pid in case.hint[:-1]:
+            rows = _block(pid, bv, V)
+            _Learner.planes(case, "e_ptr", rows.start * D, (rows.stop - rows.start) * D, f"E{pid}")
+        for g in ("gain0_ptr", "gain1_ptr"):
+            _Learner.planes(case, g, 0, D, g)
+            _Learner.outputs(case, g, (D,), g)
+        _Learner.outputs(case, "e_ptr", (V, D), "E")
         case.output("w1_ptr", (case.const("W1_WORDS"),), EXACT)
 
     def programs(self, case):
@@ -1243,15 +1366,119 @@ class _EmbedGrad:
     def expect(self, case, pid):
         V = case.scalar("V")
         D, bv, w1 = case.const("D", "BLOCK_V", "W1_WORDS")
+        if pid == cdiv(V, bv):
+            for i, g in enumerate(("gain0_ptr", "gain1_ptr")):
+                new = _Learner.update(case, g, case.data["dgain_ptr"][i], False)
+                for name, want in zip("PMV", new):
+                    yield g + name, (slice(0, D),), want
+            return
         rows = _block(pid, bv, V)
         ids = case.data["ids_ptr"].astype(np.int64)
         want = np.zeros((rows.stop - rows.start, D), np.float32)
         hit = np.flatnonzero((ids >= rows.start) & (ids < rows.stop))    # increasing rows
         np.add.at(want, ids[hit] - rows.start, case.data["de_ptr"][hit])
-        yield "de_table_ptr", (rows,), want
+        for name, new in zip("PMV", _Learner.update(case, f"E{pid}", want, True)):
+            yield "E" + name, (rows,), new.reshape(-1, D)
         words = slice(rows.start * D, min(rows.stop * D, w1))
         if words.start < words.stop:
             yield "w1_ptr", (words,), want.reshape(-1)[:words.stop - words.start]
+
+
+def weight_grad_program(pid: int, tiles: list[int], T: int, BLOCK_R: int):
+    """("product", j, tile) for the products' tiles in order, then ("rows", row block), then
+    ("gain", column block): plan/kernels/weight_grad.py."""
+    for j, t in enumerate(tiles):
+        if pid < t:
+            return "product", j, pid
+        pid -= t
+    rows = cdiv(T, BLOCK_R)
+    return ("rows", pid, None) if pid < rows else ("gain", pid - rows, None)
+
+
+@oracle("weight_grad")
+class _WeightGrad:
+    """Product tiles: g = bf(dy)ᵀ @ bf(x) (reference head/mlp/qkv backward's dW), then P, M, V of
+    the tile by the reference learner (every matrix decays) and w16 = bf(p); norm rows: the
+    reference rmsnorm backward of the split-K partials' sum (gained: final_norm_backward, and dg).
+    Only the sampled tiles' row blocks of the planes are written as inputs."""
+
+    def _dims(self, case):
+        T, bm, bn = case.scalar("T"), *case.const("BLOCK_M", "BLOCK_N")
+        dims = [case.scalar("M0", "N0"), case.scalar("M1", "N1")][:case.const("PRODUCTS")]
+        return T, bm, bn, dims, [cdiv(M, bm) * cdiv(N, bn) for M, N in dims]
+
+    def setup(self, case):
+        T, bm, bn, dims, tiles = self._dims(case)
+        D, br, has_gain, acc = case.const("D", "BLOCK_R", "HAS_GAIN", "ACCUMULATE")
+        cols = case.const("GAIN_COLS")
+        n = case.launch.grid[0]
+        if n != sum(tiles) + cdiv(T, br) + (cdiv(D, cols) if has_gain else 0):
+            raise AssertionError(f"{case.launch.kernel}: grid {n} is not {tiles} tiles + rows")
+        _Learner.start(case)
+        g = case.const("GROUP_M")
+        picks, base = [], 0
+        for (M, N), t in zip(dims, tiles):
+            tm, tn = cdiv(M, bm), cdiv(N, bn)
+            corners = {matmul_pid(pm, pn, M, N, bm, bn, g) for pm, pn in
+                       ((0, 0), (tm - 1, tn - 1), (0, tn - 1), (tm - 1, 0), (tm // 2, tn // 2))}
+            picks += [base + c for c in corners]
+            base += t
+        rows = cdiv(T, br)
+        picks += [base, base + rows - 1] + ([base + rows, n - 1] if has_gain else [])
+        case.hint = sorted(set(picks))
+        for j, (M, N) in enumerate(dims):
+            case.input(f"a{j}_ptr", (T, M), scale=0.005)
+            case.input(f"b{j}_ptr", (T, N), scale=0.005)
+            _Learner.outputs(case, f"p{j}_ptr", (M, N), f"W{j}")
+            case.output(f"h{j}_ptr", (M, N), T_ULP)
+        for pid in case.hint:                    # the sampled tiles' row blocks of P, M, V
+            kind, j, tile = weight_grad_program(pid, tiles, T, br)
+            if kind == "product":
+                M, N = dims[j]
+                pm, _ = matmul_tile(tile, M, N, bm, bn, g)
+                r = _block(pm, bm, M)
+                key = f"W{j}rows{r.start}"
+                if key + "P" not in case.data:
+                    _Learner.planes(case, f"p{j}_ptr", r.start * N, (r.stop - r.start) * N, key)
+        x = _norm_inputs(case, T, D)
+        if has_gain:
+            gain = case.input("g_ptr",
+                              values=1 + 0.1 * case.rng.standard_normal(D, dtype=np.float32))
+            r = case.data["rstd_ptr"]
+            case.cache["dg"] = ref.final_norm_backward(case.data["dy"], x * r[:, None], r, gain)[1]
+            case.output("dg_ptr", (D,), T_GAIN_SUM)
+        if acc:
+            case.input("dx_ptr", (T, D))
+        case.output("dx_ptr", (T, D), T_ELEM)
+        case.output("dx16_ptr", (T, D), T_ULP)
+
+    def programs(self, case):
+        return case.hint
+
+    def expect(self, case, pid):
+        T, bm, bn, dims, tiles = self._dims(case)
+        D, br, has_gain, acc = case.const("D", "BLOCK_R", "HAS_GAIN", "ACCUMULATE")
+        kind, j, tile = weight_grad_program(pid, tiles, T, br)
+        if kind == "rows":
+            yield from _rows_expect(case, _block(j, br, T), has_gain, acc, True)
+            return
+        if kind == "gain":
+            c = _block(j, case.const("GAIN_COLS"), D)
+            yield "dg_ptr", (c,), case.cache["dg"][c]
+            return
+        M, N = dims[j]
+        pm, pn = matmul_tile(tile, M, N, bm, bn, case.const("GROUP_M"))
+        r, c = _block(pm, bm, M), _block(pn, bn, N)
+        grad = ref.bf16(case.data[f"a{j}_ptr"][:, r]).T @ ref.bf16(case.data[f"b{j}_ptr"][:, c])
+        key = f"W{j}rows{r.start}"
+        d = case.data
+        sub = {name: d[key + name].reshape(r.stop - r.start, N)[:, c] for name in "PMV"}
+        case.data.update({f"{key}{c.start}{k}": v.reshape(-1) for k, v in sub.items()})
+        P2, M2, V2 = _Learner.update(case, f"{key}{c.start}", grad, True)
+        shape = (r.stop - r.start, c.stop - c.start)
+        for name, want in zip("PMV", (P2, M2, V2)):
+            yield f"W{j}{name}", (r, c), want.reshape(shape)
+        yield f"h{j}_ptr", (r, c), ref.bf16(P2).reshape(shape)
 
 
 @oracle("cross_entropy")
