@@ -120,7 +120,7 @@ def make_backend(name: str, profile):
             from .backend_interpret import InterpretBackend
         except ImportError as e:
             raise RunRefused(f"the interpret backend needs Triton and torch ({e})",
-                             "pip install -e '.[dev]'") from None
+                             "`make demo`, or pip install -e '.[demo]'") from None
         return InterpretBackend(profile)
     raise RunRefused(f"unknown backend {name!r}", "use --backend cuda or --backend interpret")
 
