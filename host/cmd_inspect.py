@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -24,18 +25,23 @@ def register(sub) -> None:
     p.add_argument("result", metavar="RESULT", help="result file of any profile and outcome")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object instead (non-finite losses are null)")
-    p.add_argument("--plot", metavar="PNG", help="also write the loss curve and step-time "
-                   "histogram to PNG (needs matplotlib)")
+    p.add_argument("--plot", metavar="PNG", help="also write loss, device time and host gap per "
+                   "step, publications and the run's end marked, to PNG (needs matplotlib)")
+    p.add_argument("--stream", choices=STREAM_CHOICES, default="auto",
+                   help="did the run train on the embedded stream (its floor is shown)? auto "
+                   "(default): yes when the result has its default name beside the profile's "
+                   "embedded stream file, as `coppelius run` without --tokens leaves them")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     from . import result_file as RF
     rf = RF.read(args.result)
+    stream = stream_used(rf, args.stream)
     if args.plot:
         from .plot import plot
-        plot(rf, args.plot, floor=loss_floor(rf.profile))
-    info = summarize(rf)
+        plot(rf, args.plot, floor=loss_floor(rf.profile) if stream["embedded"] else None)
+    info = summarize(rf, stream)
     if args.json:
         json.dump(info, sys.stdout, allow_nan=False, separators=(",", ":"))
         sys.stdout.write("\n")
@@ -47,6 +53,33 @@ def run(args) -> int:
 
 
 # ------------------------------------------------------------------------------------ summary
+STREAM_CHOICES = ("auto", "embedded", "none")
+
+
+def stream_used(rf, choice: str = "auto") -> dict:
+    """Whether the run trained on the embedded stream, and on what inspect believes it.
+
+    The result file records no stream identity, and only `verify` (which recomputes the forward
+    logits from the tokens) can prove one.  `auto` takes the layout `coppelius run` leaves when it
+    trains on the embedded stream: the result under its default name `<profile>-result-c<c0>.bin`
+    in the directory holding `<profile>-stream.tokens` of the stream's exact size.  A named
+    --result (the fleet recipe) or a copied file needs `--stream embedded`."""
+    from staging import synthetic
+    if choice != "auto":
+        return {"embedded": choice == "embedded", "basis": f"--stream {choice}", "path": None}
+    here = Path(rf.path)
+    name = rf.profile.name
+    default_name = f"{name}-result-c{int(rf.status['c0'])}.bin"
+    stream = here.parent / f"{name}{synthetic.STREAM_SUFFIX}"
+    found = (here.name == default_name and stream.is_file()
+             and stream.stat().st_size == synthetic.stream_bytes(rf.profile))
+    if found:
+        return {"embedded": True, "basis": f"auto: default-named result beside {stream}",
+                "path": str(stream)}
+    return {"embedded": False, "basis": f"auto: no {default_name} beside {stream.name} "
+            "(--stream embedded if the run used it)", "path": None}
+
+
 def loss_floor(profile):
     """The embedded stream's loss floor, or None when that module or value is unavailable."""
     try:
@@ -65,8 +98,8 @@ def _pct(values: np.ndarray, q: float):
     return float(np.percentile(values, q)) if values.size else None
 
 
-def summarize(rf) -> dict:
-    """Everything inspect shows, as JSON-ready values."""
+def summarize(rf, stream: dict | None = None) -> dict:
+    """Everything inspect shows, as JSON-ready values; `stream` from `stream_used`."""
     from staging import layout as L
     from staging import records as R
     from staging.result_sections import SECTIONS
@@ -88,6 +121,7 @@ def summarize(rf) -> dict:
         d = record_dict(slot)
         d["submission"] = L.SUBMISSIONS[i]
         sems.append(d)
+    stream = stream_used(rf) if stream is None else stream
     dev = rf.device_step_ns()
     gap = rf.host_gaps_ns()
     ts = rf.timestamps
@@ -110,7 +144,9 @@ def summarize(rf) -> dict:
         "steps_planned": status["steps_planned"], "issues": rf.issues,
         "losses": [_finite(x) for x in losses],
         "loss_summary": loss_summary,
-        "loss_floor": loss_floor(rf.profile),
+        "stream": stream,
+        "loss_floor": loss_floor(rf.profile) if stream["embedded"] else None,
+        "publication_steps": rf.publication_steps().tolist(),
         "timing": {
             "updates_timed": int(dev.size),
             "device_step_ms_p50": _ms(_pct(dev, 50)), "device_step_ms_p99": _ms(_pct(dev, 99)),
@@ -214,6 +250,14 @@ def render(info: dict, rf) -> None:
     c.print(t)
     if info["losses"]:
         c.print(f"curve  {sparkline(rf.step_losses())}")
+    s = info["stream"]
+    c.print(f"stream: {'the embedded stream' if s['embedded'] else 'not known to be the embedded stream'}"
+            f" ({s['basis']})")
+    pubs = [st["c0"] + k + 1 for k in info["publication_steps"]]   # update counts published
+    if pubs:
+        shown = ", ".join(f"{u:,}" for u in pubs[:12]) + (", …" if len(pubs) > 12 else "")
+        c.print(f"publications started at update {shown}: {st['publications']} of {len(pubs)} "
+                "completed")
 
     tm = info["timing"]
     t = Table(title="timing (timestamp table)", title_justify="left")
