@@ -32,10 +32,11 @@ def _matplotlib():
         import matplotlib
         matplotlib.use("Agg")
         from matplotlib.figure import Figure
+        from matplotlib.ticker import MaxNLocator
     except ImportError:
         raise PlotUnavailable("--plot needs matplotlib, which is not installed",
                               "pip install 'coppelius[plot]'") from None
-    return Figure
+    return Figure, MaxNLocator
 
 
 def plot(rf, path, floor=None) -> None:
@@ -50,7 +51,7 @@ def plot(rf, path, floor=None) -> None:
 def figure(rf, floor=None):
     """The three panels (loss, device time per update, host gap) sharing one step axis.
     `floor`: None, a number, or (steps,) per-step values: the embedded stream's floor."""
-    Figure = _matplotlib()
+    Figure, MaxNLocator = _matplotlib()
     fig = Figure(figsize=FIGSIZE)
     ax_loss, ax_dev, ax_gap = fig.subplots(3, 1, sharex=True, height_ratios=(2.2, 1, 1))
     st = rf.status
@@ -63,10 +64,11 @@ def figure(rf, floor=None):
     _gap_panel(ax_gap, rf)
     for ax in (ax_loss, ax_dev, ax_gap):
         ax.grid(alpha=0.3)
-        ax.set_xlim(-0.5, max(planned, rf.steps + 1) - 0.5)
+        ax.set_xlim(-0.5, max(planned, rf.steps))      # room for the mark after the last step
+    ax_gap.xaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
     _mark_publications((ax_loss, ax_dev, ax_gap), rf)
     _mark_stop((ax_loss, ax_dev, ax_gap), rf)
-    ax_loss.legend(loc="upper right", fontsize=8)
+    ax_loss.legend(loc="best", fontsize=8)
     ax_gap.set_xlabel(f"step of this invocation (update count = {c0:,} + step + 1)")
     fig.tight_layout()
     return fig
@@ -158,9 +160,13 @@ def _mark_publications(axes, rf):
                        label=None if label in labelled else label)
             labelled.add(label)
         if started.size <= MAX_LABELLED_PUBLICATIONS:
-            axes[0].annotate(f"{c0 + s + 1:,}" + ("" if ok else " ✗"), (s + 0.5, 1.0),
-                             xycoords=axes[0].get_xaxis_transform(), xytext=(2, -10),
-                             textcoords="offset points", fontsize=7, color=PUBLICATION_COLOUR)
+            # at the foot of the loss panel (the legend is above); left of the line at the end
+            lo, hi = axes[0].get_xlim()
+            left = s + 0.5 > lo + 0.95 * (hi - lo)
+            axes[0].annotate(f"{c0 + s + 1:,}" + ("" if ok else " ✗"), (s + 0.5, 0.0),
+                             xycoords=axes[0].get_xaxis_transform(), xytext=(-2 if left else 2, 3),
+                             textcoords="offset points", ha="right" if left else "left",
+                             fontsize=7, color=PUBLICATION_COLOUR)
 
 
 def _mark_stop(axes, rf):
