@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from host import cli
-from host import cmd_diff as D
+from host import diff as D
 from host import result_file as RF
 from plan import profiles as P
 from staging import layout as L

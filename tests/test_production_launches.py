@@ -1,0 +1,202 @@
+"""Issue #12 item 6: every production launch (each manifest entry of kernels_ptx/coppelius) runs in
+Triton's interpreter with its exact constexprs, grid and arguments on the production shapes, for a
+sample of its programs, against the numpy reference on exactly the tiles those programs own;
+outputs poisoned, no stray writes (tests/production_support.py says how, and how to extend it)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import production_support as ps
+import pytest
+
+from plan import launches, profiles
+from plan.buffers import BufferSpec, buffers
+from plan.kernels import meta
+
+ROOT = Path(__file__).resolve().parents[1]
+PROFILE = profiles.get("coppelius")
+MANIFESTS = sorted((ROOT / "kernels_ptx" / "coppelius").glob("*/manifest.json"))   # per target
+KERNELS = launches.kernels(PROFILE)
+SPECS = buffers(PROFILE)
+
+
+@pytest.mark.parametrize("manifest", MANIFESTS, ids=[m.parent.name for m in MANIFESTS])
+def test_manifest_entries_are_the_plan_kernels(manifest):
+    """The launches run here are exactly the entries each target compiles (sm_90a, sm_80)."""
+    entries = set(json.loads(manifest.read_text())["kernels"])
+    plan = set(KERNELS)
+    assert entries == plan, (f"manifest only: {sorted(entries - plan)}; "
+                             f"plan only: {sorted(plan - entries)}")
+
+
+def test_the_h200_target_has_a_manifest():
+    assert "sm_90a" in [m.parent.name for m in MANIFESTS], f"no sm_90a manifest among {MANIFESTS}"
+
+
+def test_every_production_function_has_an_oracle_or_a_reason():
+    missing = sorted({(l.function, l.kernel) for l in KERNELS.values()
+                      if l.function not in ps.REGISTRY and l.function not in ps.SKIPPED})
+    assert not missing, f"no oracle in tests/production_support.py REGISTRY for {missing}"
+
+
+@pytest.mark.parametrize("kernel", list(KERNELS), ids=[f"{k}-{l.label}" for k, l in KERNELS.items()])
+def test_production_launch(kernel):
+    launch = KERNELS[kernel]
+    if launch.function in ps.SKIPPED:
+        pytest.skip(f"{launch.function}: {ps.SKIPPED[launch.function]}")
+    report = ps.check_launch(launch, SPECS, PROFILE)
+    print(f"{kernel} ({launch.label}): programs {report['pids']} of grid {launch.grid}, "
+          f"interpreter {report['run_s']:.2f} s")
+
+
+def test_an_unknown_function_fails():
+    fake = launches.Launch("split_k_0", "plan.kernels.matmul", "matmul_split_k", (1, 1, 1), ())
+    with pytest.raises(ps.UnknownKernel, match="matmul_split_k"):
+        ps.check_launch(fake, SPECS, PROFILE)
+
+
+# ---------------------------------------------------------------- the harness itself
+
+def _spec(name, dtype, shape):
+    return BufferSpec(name, dtype, shape, "test")
+
+
+def _launch(module, function, grid, args, constexprs, specs):
+    """A small Launch over buffers `specs`; args: name → BufferRef | Scalar."""
+    return launches.Launch(f"{function}_small", module, function, tuple(grid) + (1,) * (3 - len(grid)),
+                           tuple(args.items()), tuple(constexprs.items()))
+
+
+def test_run_programs_runs_exactly_the_chosen_programs_in_order():
+    from plan.kernels.copy import copy_f32
+    import torch
+    src = torch.arange(10 * 16, dtype=torch.float32)
+    dst = torch.full((10 * 16 + 5,), float("nan"))
+    ps.run_programs(copy_f32, (10,), [7, 0, 9], [src, dst, 10 * 16], {"BLOCK": 16})
+    written = sorted({int(i) // 16 for i in np.flatnonzero(~torch.isnan(dst).numpy())})
+    assert written == [0, 7, 9]
+    assert torch.equal(dst[:16], src[:16]) and torch.equal(dst[144:160], src[144:160])
+    with pytest.raises(ValueError, match="outside grid"):
+        ps.run_programs(copy_f32, (10,), [10], [src, dst, 160], {"BLOCK": 16})
+
+
+def test_a_pointer_without_its_offset_fails(monkeypatch):
+    """out_proj writes residual slab 1 (an element offset into `resid`): handed the buffer base
+    instead, the kernel overwrites slab 0 (its own residual input: a stray write) and the owned
+    tiles of slab 1 stay poison."""
+    launch = next(l for l in KERNELS.values() if l.label == "layers.0.out_proj")
+    assert launch.arg("c_ptr").offset == PROFILE.context * PROFILE.width
+    resolve = ps.Case.resolve
+
+    def base_only(case, arg):
+        if arg is launch.arg("c_ptr"):
+            arg = launches.BufferRef(arg.buffer, 0, arg.dtype)
+        return resolve(case, arg)
+
+    monkeypatch.setattr(ps.Case, "resolve", base_only)
+    with pytest.raises(AssertionError) as err:
+        ps.check_launch(launch, SPECS, PROFILE)
+    assert "stray write" in str(err.value) and "resid element 0 (0, 0, 0)" in str(err.value)
+    assert "c_ptr (program 0): 64+ owned elements never written" in str(err.value)
+
+
+def test_a_stray_write_and_an_unwritten_tile_fail():
+    """Claim the wrong tile for a program: its real tile is a stray write, the claimed one unwritten."""
+    M, N, K = 64, 48, 32
+    specs = {"a": _spec("a", "bf16", (M, K)), "b": _spec("b", "bf16", (N, K)),
+             "c": _spec("c", "fp32", (M, N))}
+    launch = _launch("plan.kernels.matmul", "matmul", (4 * 3,),
+                     {"a_ptr": launches.BufferRef("a", 0, "bf16"), "b_ptr": launches.BufferRef("b", 0, "bf16"),
+                      "c_ptr": launches.BufferRef("c", 0, "fp32"), "aux_ptr": launches.BufferRef("c", 0, "fp32"),
+                      "M": launches.Scalar("i32", M), "N": launches.Scalar("i32", N),
+                      "K": launches.Scalar("i32", K)},
+                     {"A_T": False, "B_T": True, "EPILOGUE": meta.EPI_F32, "BLOCK_M": 16,
+                      "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2}, specs)
+    entry = ps.REGISTRY["matmul"]
+    real = entry.expect
+
+    def shifted(case, pid):                     # program 3's tile, claimed for program 0
+        yield from real(case, 3 if pid == 0 else pid)
+
+    entry.expect = shifted
+    try:
+        with pytest.raises(AssertionError) as err:
+            ps.check_launch(launch, specs, pids=[0])
+    finally:
+        entry.expect = real
+    assert "stray write" in str(err.value) and "never written" in str(err.value)
+
+
+def _matmul_small(M, N, K, bm, bn, g, slab):
+    """matmul at an awkward size writing slab 1 of a 3-slab buffer (an offset as in the plan)."""
+    specs = {"a": _spec("a", "bf16", (K, M)), "b": _spec("b", "bf16", (K, N)),
+             "c": _spec("c", "fp32", (3, M, N))}
+    return _launch("plan.kernels.matmul", "matmul", (ps.cdiv(M, bm) * ps.cdiv(N, bn),),
+                   {"a_ptr": launches.BufferRef("a", 0, "bf16"), "b_ptr": launches.BufferRef("b", 0, "bf16"),
+                    "c_ptr": launches.BufferRef("c", slab * M * N, "fp32"),
+                    "aux_ptr": launches.BufferRef("c", 0, "fp32"),
+                    "M": launches.Scalar("i32", M), "N": launches.Scalar("i32", N),
+                    "K": launches.Scalar("i32", K)},
+                   {"A_T": True, "B_T": False, "EPILOGUE": meta.EPI_F32, "BLOCK_M": bm,
+                    "BLOCK_N": bn, "BLOCK_K": 32, "GROUP_M": g}, specs), specs
+
+
+def test_matmul_tile_mapping_is_the_kernels():
+    """Each program of a grid with a ragged last group (5 row tiles, GROUP_M 2), run alone,
+    writes exactly the tile matmul_tile names, at the slab offset."""
+    M, N, K, bm, bn, g = 75, 40, 48, 16, 16, 2
+    launch, specs = _matmul_small(M, N, K, bm, bn, g, slab=1)
+    tiles = [ps.matmul_tile(p, M, N, bm, bn, g) for p in range(launch.grid[0])]
+    assert sorted(tiles) == [(i, j) for i in range(5) for j in range(3)]
+    assert all(ps.matmul_pid(*t, M, N, bm, bn, g) == p for p, t in enumerate(tiles))
+    for pid in range(launch.grid[0]):
+        ps.check_launch(launch, specs, pids=[pid])
+
+
+def test_attention_bwd_program_mapping_is_the_kernels():
+    T, H, G, d, bm, bn = 64, 4, 2, 16, 32, 16
+    specs = {"qkv": _spec("qkv", "bf16", (T, (H + 2 * G) * d)), "do": _spec("do", "fp32", (T, H * d)),
+             "lse": _spec("lse", "fp32", (H, T)), "delta": _spec("delta", "fp32", (H, T)),
+             "rope": _spec("rope", "fp32", (T, d)), "dqkv": _spec("dqkv", "bf16", (T, (H + 2 * G) * d))}
+    args = {f"{n}_ptr": launches.BufferRef(n, 0, specs[n].dtype) for n in
+            ("qkv", "do", "lse", "delta", "rope", "dqkv")}
+    args["T"] = launches.Scalar("i32", T)
+    n = T // bn * G + T // bm * H
+    launch = _launch("plan.kernels.attention", "attention_bwd", (n,), args,
+                     {"SCALE": 0.25, "HEADS": H, "KV_HEADS": G, "HEAD_DIM": d, "BLOCK_M": bm,
+                      "BLOCK_N": bn}, specs)
+    seen = {ps.attention_bwd_program(p, T, bm, bn, H, G) for p in range(n)}
+    assert len(seen) == n
+    for pid in range(n):
+        ps.check_launch(launch, specs, pids=[pid])
+
+
+def test_rmsnorm_bwd_gain_program_mapping_is_the_kernels():
+    T, D = 10, 48
+    specs = {n: _spec(n, "fp32", shape) for n, shape in
+             (("dy", (T, D)), ("x", (T, D)), ("rstd", (T,)), ("g", (D,)), ("dx", (T, D)), ("dg", (2, D)))}
+    specs["dx16"] = _spec("dx16", "bf16", (T, D))
+    args = {f"{n}_ptr": launches.BufferRef(n, 0, specs[n].dtype) for n in
+            ("dy", "x", "rstd", "g", "dx", "dx16")}
+    args["dg_ptr"] = launches.BufferRef("dg", D, "fp32")             # slab 1: an offset
+    args["T"] = launches.Scalar("i32", T)
+    launch = _launch("plan.kernels.norms", "rmsnorm_bwd_gain", (3 + 3,), args,
+                     {"D": D, "WRITE_BF16": True, "BLOCK_R": 4, "BLOCK_D": 64, "GAIN_ROWS": 4,
+                      "GAIN_COLS": 16}, specs)
+    for pid in range(6):
+        ps.check_launch(launch, specs, pids=[pid])
+
+
+def test_attention_fwd_two_dimensional_grid():
+    T, H, G, d, bm, bn = 64, 2, 1, 16, 32, 16
+    specs = {"qkv": _spec("qkv", "bf16", (T, (H + 2 * G) * d)), "o16": _spec("o16", "bf16", (T, H * d)),
+             "o32": _spec("o32", "fp32", (T, H * d)), "lse": _spec("lse", "fp32", (H, T))}
+    args = {f"{n}_ptr": launches.BufferRef(n, 0, specs[n].dtype) for n in specs}
+    args["T"] = launches.Scalar("i32", T)
+    launch = _launch("plan.kernels.attention", "attention_fwd", (T // bm, H), args,
+                     {"SCALE": 0.25, "HEADS": H, "KV_HEADS": G, "HEAD_DIM": d, "BLOCK_M": bm,
+                      "BLOCK_N": bn}, specs)
+    for pid in [(0, 0), (1, 0), (0, 1), (1, 1)]:
+        ps.check_launch(launch, specs, pids=[pid])
