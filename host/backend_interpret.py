@@ -2,7 +2,8 @@
 
 Device buffers are CPU torch tensors; staging is `staging.views.allocate_host()` wrapped by
 `StagingViews`, and kernels read and write it through torch views of that numpy buffer (no
-copies).  The release launches are emulated in Python with the host clock as device time.
+copies).  The hand-written PTX launches (release, release_stage_in) are emulated in Python with
+the host clock as device time.
 This module sets TRITON_INTERPRET=1 (read when kernels are decorated, so it must run before any
 plan.kernels module is imported) and repairs, once, two Triton 3.9 interpreter defects that would
 make the interpreter disagree with the GPU:
@@ -177,8 +178,8 @@ class InterpretBackend(Backend):
             steps = []
             for launch in sub.launches:
                 args = [self.resolve(a, t_base) for _, a in launch.args]
-                if launch.function == _launches.RELEASE:
-                    steps.append((None, launch.grid, args, {}))
+                if launch.function in _launches.HAND_WRITTEN:
+                    steps.append((None, launch.function, args, {}))
                 else:
                     steps.append((kernel_function(launch), launch.grid, args, dict(launch.constexprs)))
             plans.append(steps)
@@ -190,13 +191,21 @@ class InterpretBackend(Backend):
         words[1] = 0
         words[0] = int(doorbell[0])
 
+    def _release_stage_in(self, doorbell, slot, record, staged) -> None:
+        """release_stage_in.ptx: the input record and the doorbell into `staged`, then the
+        pre-launch release."""
+        n = SL.INPUT_RECORD_BYTES // 4
+        staged[:n] = record[:n]
+        staged[n] = doorbell[0]
+        self._release(doorbell, slot)
+
     def issue(self, submission: int) -> None:
         if self._plans is None:
             raise DeviceError("issue before instantiate")
         with single_thread_blas():
             for fn, grid, args, constexprs in self._plans[submission]:
-                if fn is None:
-                    self._release(*args)
+                if fn is None:                                       # hand-written PTX, emulated
+                    getattr(self, "_" + grid)(*args)
                     continue
                 try:
                     fn[grid](*args, **constexprs)

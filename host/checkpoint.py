@@ -31,6 +31,8 @@ from typing import Callable
 import numpy as np
 
 from plan import profiles
+from staging import paths
+
 from .checkpoint_format import (HEADER_BYTES, CheckpointLocked, CheckpointRefused, Header,
                                 check_profile)
 from .errors import UserError
@@ -59,7 +61,13 @@ _WRITE_HINTS = {
 
 class CheckpointWriteFailed(UserError):
     """Publication failed (full disk, file size limit, permissions): the message says at which
-    stage and whether the previous checkpoint is intact."""
+    stage and whether the previous checkpoint is intact; `errno` and `stage` ("writing chunk 1
+    of 2") say it in short for the error notifier."""
+
+    def __init__(self, message: str, hint: str | None = None, errno: int | None = None,
+                 stage: str = ""):
+        super().__init__(message, hint)
+        self.errno, self.stage = errno, stage
 
 
 @dataclass(frozen=True)
@@ -262,8 +270,9 @@ def publish_chunks(path, profile, update_count: int, read_chunk: ReadChunk,
             state = "the previous checkpoint is intact"
         else:
             state = "nothing was written to the path"
-        raise CheckpointWriteFailed(f"{where}: publication failed {stage}: {e.strerror or e} "
-                                    f"({state})", _WRITE_HINTS.get(e.errno, _WRITE_HINT)) from e
+        raise CheckpointWriteFailed(f"{where}: publication failed {stage}: "
+                                    f"{paths.errno_text(e)} ({state})",
+                                    _WRITE_HINTS.get(e.errno, _WRITE_HINT), e.errno, stage) from e
     finally:
         if fd >= 0:
             os.close(fd)
@@ -353,7 +362,11 @@ class InputCheckpoint:
         h, fd, profile = self.header, self.fd, self.profile
         window = _transfer_view(transfer, h.chunk_bytes)
         n = h.chunk_count
-        ring = [_aligned(h.chunk_bytes) for _ in range(RING)] if landing is None else None
+        # each slot as large as the largest chunk it holds: a 2-chunk payload never needs more
+        # buffer than its own size (a tiny checkpoint: 4 MiB + 1.7 MiB, not 3 × 4 MiB)
+        ring = None if landing is not None else \
+            [_aligned(max(h.chunk_span(i)[1] for i in range(k, n, RING)))
+             for k in range(min(RING, n))]
 
         def buffer(i: int) -> np.ndarray:
             offset, nbytes = h.chunk_span(i)
@@ -369,7 +382,8 @@ class InputCheckpoint:
             reads = {i: read(i) for i in range(min(RING - 1, n))}
             for i in range(n):
                 offset, nbytes = h.chunk_span(i)
-                got = reads.pop(i).result()
+                with paths.refusing("checkpoint", self.path, "read", CheckpointRefused):
+                    got = reads.pop(i).result()
                 if i + RING - 1 < n:
                     reads[i + RING - 1] = read(i + RING - 1)   # the slot of chunk i-1, done
                 buf = buffer(i)
@@ -403,31 +417,27 @@ class InputCheckpoint:
 
 def read_header(path) -> tuple[Header | None, os.stat_result]:
     """The header of a checkpoint file on its own terms (no profile); None for a zero-byte file."""
-    fd = _open_or_refuse(path)
+    fd, st = _open_or_refuse(path)
     try:
-        st = os.fstat(fd)
         if st.st_size == 0:
             return None, st
-        return Header.decode(os.pread(fd, HEADER_BYTES, 0), _where(path)), st
+        return Header.decode(_pread_header(fd, path), _where(path)), st
     finally:
         os.close(fd)
 
 
-def _open_or_refuse(path) -> int:
-    where = _where(path)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise CheckpointRefused(f"{where} does not exist",
-                                f"`: > {shlex.quote(os.fspath(path))}` starts fresh; check the path "
-                                "for a typo") from None
-    except OSError as e:
-        raise CheckpointRefused(f"{where}: cannot open: {e.strerror}",
-                                "check the path and its permissions") from None
-    if not stat_mod.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise CheckpointRefused(f"{where} is not a regular file", "pass a checkpoint file")
-    return fd
+def _open_or_refuse(path) -> tuple[int, os.stat_result]:
+    """(fd, fstat) of a checkpoint path: never blocks (a FIFO is refused, not waited on); every
+    OSError is a one-line refusal naming the path and the errno."""
+    hints = {errno.ENOENT: f"`: > {shlex.quote(os.fspath(path))}` starts fresh; check the path "
+                           "for a typo",
+             "not regular": "pass a checkpoint file; a zero-byte file starts fresh"}
+    return paths.open_regular(path, "checkpoint", CheckpointRefused, hints)
+
+
+def _pread_header(fd: int, path) -> bytes:
+    with paths.refusing("checkpoint", path, "read", CheckpointRefused):
+        return os.pread(fd, HEADER_BYTES, 0)
 
 
 def _check_size(header: Header, size: int, where: str) -> None:
@@ -442,23 +452,24 @@ def _check_size(header: Header, size: int, where: str) -> None:
                                 "something appended to the file; restore it from a copy")
 
 
-def open_input(path, profile) -> InputCheckpoint:
+def open_input(path, profile, name=None) -> InputCheckpoint:
     """Open a run's checkpoint input (SPEC §2): missing → refused; zero bytes → fresh; anything
-    else must be an envelope for `profile` (header, identities, sizes checked now)."""
+    else must be an envelope for `profile` (header, identities, sizes checked now).  `name` is
+    how later messages call it (the user's spelling of a resolved path)."""
     path = os.fspath(path)
-    fd = _open_or_refuse(path)
+    fd, st = _open_or_refuse(path)
+    name = path if name is None else os.fspath(name)
     try:
-        st = os.fstat(fd)
         header = None
         if st.st_size > 0:
-            where = _where(path)
-            header = Header.decode(os.pread(fd, HEADER_BYTES, 0), where)
+            where = _where(name)
+            header = Header.decode(_pread_header(fd, path), where)
             check_profile(header, profile, where)
             _check_size(header, st.st_size, where)
     except BaseException:
         os.close(fd)
         raise
-    return InputCheckpoint(path, profile, fd, st, header)
+    return InputCheckpoint(name, profile, fd, st, header)
 
 
 def load_chunks(path, profile, write_chunk: WriteChunk, transfer=None) -> Loaded:
@@ -486,22 +497,32 @@ def load(path, profile, transfer=None):
 # ------------------------------------------------------------------------------------- lock
 
 @contextlib.contextmanager
-def lock(path):
-    """Hold `PATH.lock` (flock LOCK_EX|LOCK_NB) for a run; a second holder is refused at once.
-    The lock dies with its process, so a leftover lock file is harmless and is never removed."""
-    lock_path = os.fspath(path) + LOCK_SUFFIX
+def lock(path, name=None):
+    """Hold `PATH.lock` of the resolved path (flock LOCK_EX|LOCK_NB) for a run; a second holder is
+    refused at once.  Resolving first makes every spelling of one checkpoint (a symbolic link,
+    `dir/../`) contend for the same lock file.  The lock dies with its process, so a leftover
+    lock file is harmless and is never removed.  `name` is how a refusal calls the checkpoint
+    (the user's spelling of a resolved path)."""
+    lock_path = os.path.realpath(path) + LOCK_SUFFIX
     try:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY
+                     | os.O_CLOEXEC, 0o666)
     except OSError as e:
-        raise CheckpointLocked(f"cannot create lock file {lock_path}: {e.strerror}",
-                               "the checkpoint's directory must exist and be writable") from None
+        raise paths.os_refusal(e, "lock file", lock_path, "create", CheckpointLocked,
+                               {errno.ENOENT: "the checkpoint's directory must exist and be "
+                                              "writable"}) from None
+    mode = os.fstat(fd).st_mode
+    if not stat_mod.S_ISREG(mode):
+        os.close(fd)
+        raise paths.not_regular("lock file", lock_path, mode, CheckpointLocked,
+                                "remove it; the run creates its lock file itself")
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
         os.close(fd)
         by = f" (held by pid {holder})" if holder.isdigit() else ""
-        raise CheckpointLocked(f"checkpoint {os.fspath(path)} is in use by another run: "
+        raise CheckpointLocked(f"checkpoint {os.fspath(name or path)} is in use by another run: "
                                f"{lock_path} is locked{by}",
                                "wait for that run to finish, or use another checkpoint path"
                                ) from None

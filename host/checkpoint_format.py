@@ -71,8 +71,9 @@ def _sha256(data) -> bytes:
 
 
 def _show(value: bytes, limit: int = 160) -> str:
-    """A one-line, quoted rendering of bytes read from a file (control bytes escaped)."""
-    text = repr(value.decode("ascii", "backslashreplace"))
+    r"""A one-line, quoted rendering of bytes read from a file, escaped once, as Python's repr
+    of bytes escapes them: b"CPLSCK\xd0T" shows as 'CPLSCK\xd0T', never 'CPLSCK\\xd0T'."""
+    text = repr(bytes(value))[1:]
     return text if len(text) <= limit else text[:limit - 4] + "…" + text[-3:]
 
 

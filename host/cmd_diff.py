@@ -61,7 +61,8 @@ def tolerances(args) -> tuple[float, float]:
     rtol = args.rtol if args.rtol is not None else \
         (ACROSS_BACKENDS_RTOL if args.across_backends else 0.0)
     if atol < 0 or rtol < 0 or not np.isfinite([atol, rtol]).all():
-        raise UserError(f"tolerances must be finite and ≥ 0 (got --atol {atol}, --rtol {rtol})")
+        raise UserError(f"tolerances must be finite and ≥ 0 (got --atol {atol}, --rtol {rtol})",
+                        "pass finite --atol/--rtol ≥ 0; 0 means the bits must match")
     return atol, rtol
 
 

@@ -35,7 +35,11 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from staging import paths
+
     from . import result_file as RF
+    if args.plot:                # refuse a plot path that cannot be written before the work
+        paths.check_output(args.plot, "plot", overwrite=True, exists_hint=None)
     rf = RF.read(args.result)
     stream = stream_used(rf, args.stream)
     if args.plot:

@@ -36,7 +36,7 @@ def register(sub) -> None:
     p.add_argument("--steps", type=int, help="stop after N steps (tests and benchmarks; default: "
                    "the profile's, 10,000 for coppelius)")
     p.add_argument("--quiet", action="store_true", help="no live progress")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, handles_signals=True)    # host.run._Signals from the start
 
 
 class RichProgress:
@@ -56,7 +56,8 @@ class RichProgress:
         self.console.print(f"[bold]coppelius run[/bold]: c0={summary.c0}, "
                            f"{summary.steps_planned} steps, checkpoint {summary.checkpoint}, "
                            f"result {summary.result}"
-                           + (f", loss floor {floor:.4f} nats/token" if floor is not None else ""))
+                           + (f", loss floor {floor:.4f} nats/token" if floor is not None else ""),
+                           soft_wrap=True)
         if self.quiet:
             return
         self.bar = Progress(TextColumn("step"), MofNCompleteColumn(), BarColumn(),
@@ -83,7 +84,7 @@ class RichProgress:
             self.console.print(f"published update {update_count} ({seconds:.2f} s)")
 
     def note(self, text):
-        self.console.print(text)
+        self.console.print(text, soft_wrap=True, markup=False, highlight=False)
 
     def stop(self):
         if self.bar is not None:
@@ -109,8 +110,12 @@ def run(args) -> int:
             f"{summary.update_count}, {summary.publications} publications, {summary.wall_s:.1f} s")
     if losses:
         line += f", loss {losses[0]:.4f} → {losses[-1]:.4f}"
-    progress.console.print(line)
-    progress.console.print(f"result {summary.result}; checkpoint {summary.checkpoint}")
+    # one line at any width (rich wraps at 80 columns when stderr is not a terminal), and paths
+    # or messages are never read as markup
+    progress.console.print(line, soft_wrap=True, markup=False, highlight=False)
+    progress.console.print(f"result {summary.result}; checkpoint {summary.checkpoint}",
+                           soft_wrap=True, markup=False, highlight=False)
     if summary.error:
-        progress.console.print(f"[red]{summary.error}[/red]")
+        progress.console.print(summary.error, style="red", soft_wrap=True, markup=False,
+                               highlight=False)
     return summary.exit_code

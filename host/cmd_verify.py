@@ -51,7 +51,7 @@ def run(args) -> int:
     c0 = int(status["c0"])
     n = min(args.steps, int(status["steps_completed"]))
     if args.steps < 1:
-        raise UserError("--steps must be at least 1")
+        raise UserError(f"--steps {args.steps} must be at least 1", "pass --steps 1 or more")
     if args.tokens is None:
         from staging import synthetic
         tokens = synthetic.ensure_default_stream(profile, args.directory)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from staging import paths
 from staging import records as R
 
 from .errors import UserError
@@ -45,7 +46,7 @@ def plot(rf, path, floor=None) -> None:
     try:
         fig.savefig(path, dpi=DPI)
     except OSError as e:
-        raise PlotUnavailable(f"cannot write plot {path}: {e.strerror}") from None
+        raise paths.os_refusal(e, "plot", path, "write", PlotUnavailable) from None
 
 
 def figure(rf, floor=None):

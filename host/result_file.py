@@ -19,14 +19,19 @@ file that is not a result file at all (a checkpoint, say).
 """
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import mmap
 import os
+import stat
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from plan import profiles as P
 from staging import layout as L
+from staging import paths
 from staging import records as R
 from staging import result_sections as RS
 
@@ -73,10 +78,12 @@ class ResultWriter:
     every observed step; nothing is fsynced until `close` (file, then directory).
     """
 
-    def __init__(self, fd: int, path: str, profile):
+    def __init__(self, fd: int, path: str, profile, created: bool = True):
         self._fd: int | None = fd
         self.path = path
         self.profile = profile
+        self.created = created              # this writer made the file (else: --overwrite)
+        self._truncate = not created        # an overwritten file is emptied at the first write
         self.forward_written = False
         self.tail_written = False
         self.steps_written = 0
@@ -84,18 +91,52 @@ class ResultWriter:
 
     @classmethod
     def create(cls, path, profile, overwrite: bool = False) -> "ResultWriter":
+        """Create the result file (exclusively), or with `overwrite` open an existing regular
+        file, which keeps its bytes until the first write: a run refused before it wrote
+        anything leaves a pre-existing file as it was (see `discard`).  Never blocks, never
+        writes to a FIFO or device."""
         path = os.fspath(path)
-        flags = os.O_WRONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
-        flags |= os.O_TRUNC if overwrite else os.O_EXCL
+        flags = os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+        created = True
         try:
-            fd = os.open(path, flags, 0o644)
-        except FileExistsError:
-            raise ResultRefused(f"result file {path} already exists; refusing to overwrite it",
-                                "pass --overwrite to replace it, or choose another --result") from None
+            try:
+                fd = os.open(path, flags | os.O_EXCL, 0o644)
+            except FileExistsError:
+                if not overwrite:
+                    raise ResultRefused(f"result file {path} already exists; refusing to "
+                                        "overwrite it", "pass --overwrite to replace it, or "
+                                        "choose another --result") from None
+                fd, created = os.open(path, flags & ~os.O_CREAT), False
         except OSError as e:
-            raise ResultRefused(f"cannot create result file {path}: {e.strerror}",
-                                "check that its directory exists and is writable") from None
-        return cls(fd, path, profile)
+            raise paths.os_refusal(e, "result file", path, "create", ResultRefused,
+                                   {errno.ENOENT: "create its directory first, or choose "
+                                                  "another --result"}) from None
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            os.close(fd)
+            raise paths.not_regular("result file", path, mode, ResultRefused,
+                                    "name a new or regular file with --result")
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+        return cls(fd, path, profile, created)
+
+    def discard(self) -> None:
+        """Close after a refusal: a file this writer created and never wrote to is removed (so
+        the corrected rerun is not refused as "exists"); a file with bytes in it, or one that
+        existed before (--overwrite), is kept and synced as `close` does."""
+        if self._fd is None:
+            return
+        if self.bytes_written or not self.created:
+            self.close()
+            return
+        fd, self._fd = self._fd, None
+        try:
+            mine = os.fstat(fd)
+            with contextlib.suppress(OSError):
+                now = os.stat(self.path)
+                if (now.st_dev, now.st_ino) == (mine.st_dev, mine.st_ino):
+                    os.unlink(self.path)    # only the file this writer created, never another
+        finally:
+            os.close(fd)
 
     # -- the three parts, in order --
     def write_forward(self, part) -> None:
@@ -159,8 +200,8 @@ class ResultWriter:
         try:
             os.fsync(fd)
         except OSError as e:
-            raise ResultWriteError(f"cannot sync result file {self.path}: {e.strerror}",
-                                   "check the disk", e.errno) from None
+            raise ResultWriteError(f"cannot sync result file {self.path}: {paths.errno_text(e)}",
+                                   paths.HINTS.get(e.errno, "check the disk"), e.errno) from None
         finally:
             os.close(fd)
         _fsync_dir(os.path.dirname(os.path.abspath(self.path)))
@@ -168,8 +209,11 @@ class ResultWriter:
     def __enter__(self) -> "ResultWriter":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.discard()
 
     def _need_open(self) -> None:
         if self._fd is None:
@@ -178,13 +222,17 @@ class ResultWriter:
     def _write(self, data) -> None:
         view = memoryview(data).cast("B")
         try:
+            if self._truncate:
+                os.ftruncate(self._fd, 0)
+                self._truncate = False
             while view:
                 n = os.write(self._fd, view)
                 view = view[n:]
                 self.bytes_written += n
         except OSError as e:
-            raise ResultWriteError(f"cannot write result file {self.path}: {e.strerror}",
-                                   "free space on its file system", e.errno) from None
+            raise ResultWriteError(f"cannot write result file {self.path}: {paths.errno_text(e)}",
+                                   paths.HINTS.get(e.errno, "free space on its file system"),
+                                   e.errno) from None
 
 
 def _exact(data, size: int, what: str) -> memoryview:
@@ -323,34 +371,43 @@ class ResultFile:
         return out
 
 
+_NOT_RESULT = "name a result file written by `coppelius run`"
+_CORRUPT = "the file is damaged; restore it from a copy, or rerun the run that wrote it"
+
+
 def read(path) -> ResultFile:
-    """Parse a result file of any profile and outcome; raise ResultFileError with one line."""
+    """Parse a result file of any profile and outcome; raise ResultFileError with one line.
+    Opening never blocks (a FIFO or device is refused, not waited on)."""
     path = os.fspath(path)
+    fd, st = paths.open_regular(path, "result file", ResultFileError,
+                                {"not regular": _NOT_RESULT})
     try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size == 0:
-                raise ResultFileError(f"{path}: empty file (0 bytes), not a result file",
-                                      "a run that died before its forward part leaves this")
-            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    except OSError as e:
-        raise ResultFileError(f"{path}: cannot read: {e.strerror}") from None
+        size = st.st_size
+        if size == 0:
+            raise ResultFileError(f"{path}: empty file (0 bytes), not a result file",
+                                  "a run killed before its first step window leaves this; "
+                                  "rerun it (with --overwrite)")
+        with paths.refusing("result file", path, "map", ResultFileError):
+            mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+    finally:
+        os.close(fd)
     raw = np.frombuffer(mm, np.uint8)                                       # (size,)
     found = _locate(raw, size)
     if not found:
-        raise ResultFileError(f"{path}: {_diagnose(mm, raw, size)}")
+        why, hint = _diagnose(mm, raw, size)
+        raise ResultFileError(f"{path}: {why}", hint)
     if len(found) > 1:
         found = [c for c in found if int(c[3]["steps_planned"]) == c[0].steps] or found
     if len(found) > 1:
         names = ", ".join(f"{p.name} with {s} steps" for p, s, _, _ in found)
-        raise ResultFileError(f"{path}: ambiguous: the file parses as {names}")
+        raise ResultFileError(f"{path}: ambiguous: the file parses as {names}", _CORRUPT)
     prof, steps, issues, st = found[0]
     if int(st["version"]) != R.STATUS_VERSION:
         raise ResultFileError(f"{path}: status block version {int(st['version'])}, this reader "
                               f"knows version {R.STATUS_VERSION}", "use a matching coppelius")
     if int(st["outcome"]) not in R.OUTCOMES:
         raise ResultFileError(f"{path}: status block outcome {int(st['outcome'])} is not one of "
-                              f"{sorted(R.OUTCOMES)}")
+                              f"{sorted(R.OUTCOMES)}", _CORRUPT)
     return _views(path, raw, prof, steps, issues)
 
 
@@ -375,10 +432,18 @@ def _locate(raw: np.ndarray, size: int) -> list:
     return found
 
 
-def _diagnose(mm: mmap.mmap, raw: np.ndarray, size: int) -> str:
-    """One line that says why no consistent tail was found."""
+_TRUNCATED = ("the file was cut short (a full disk, an interrupted copy?); restore it from a copy "
+              "or rerun")
+_TRAILING = "something was appended to the file; restore it from a copy or rerun"
+_NO_TAIL = ("a run killed (kill -9, a crash) before its tail keeps only its step windows; "
+            "rerun it, or name a result file")
+
+
+def _diagnose(mm: mmap.mmap, raw: np.ndarray, size: int) -> tuple[str, str]:
+    """(one line that says why no consistent tail was found, a hint)."""
     if mm[:len(CHECKPOINT_MAGIC)] == CHECKPOINT_MAGIC:
-        return f"this is a checkpoint file (magic {CHECKPOINT_MAGIC.decode()}), not a result file"
+        return (f"this is a checkpoint file (magic {CHECKPOINT_MAGIC.decode()}), not a result file",
+                "`coppelius checkpoint show` reads checkpoints; name the run's --result file")
     smallest = min(RS.result_file_bytes(p, 0, 0) for p in P.PROFILES.values())
     at = mm.rfind(R.STATUS_MAGIC)
     status_bytes = R.STATUS_BLOCK.itemsize
@@ -391,16 +456,18 @@ def _diagnose(mm: mmap.mmap, raw: np.ndarray, size: int) -> str:
                 continue
             want = RS.result_file_bytes(prof, steps, issues)
             if size > want:
-                return (f"{size - want:,} trailing byte{'s' if size - want > 1 else ''} after the timestamp table: {claim} "
-                        f"makes a {prof.name} result file of {want:,} bytes, this one has {size:,}")
+                return (f"{size - want:,} trailing byte{'s' if size - want > 1 else ''} after "
+                        f"the timestamp table: {claim} makes a {prof.name} result file of "
+                        f"{want:,} bytes, this one has {size:,}", _TRAILING)
             return (f"truncated: {claim} makes a {prof.name} result file of {want:,} bytes, this "
-                    f"one ends {want - size:,} bytes short, inside the timestamp table")
+                    f"one ends {want - size:,} bytes short, inside the timestamp table",
+                    _TRUNCATED)
         where = ", ".join(f"{p.name} {_before_status(p, steps):,}" for p in P.PROFILES.values())
         return (f"{claim} is not where its own step count puts it ({where}): "
-                "the file is corrupt or spliced")
+                "the file is corrupt or spliced", _CORRUPT)
     if at >= 0:
         return (f"truncated: a status block starts at offset {at:,} but the file ends "
-                f"{at + status_bytes - size} bytes before its end")
+                f"{at + status_bytes - size} bytes before its end", _TRUNCATED)
     guesses = []
     for prof in P.PROFILES.values():
         fwd = FORWARD.nbytes(prof, 0, 0)
@@ -412,9 +479,9 @@ def _diagnose(mm: mmap.mmap, raw: np.ndarray, size: int) -> str:
     if size < smallest:
         return (f"{size:,} bytes is shorter than any result file (the smallest, a tiny run with "
                 f"no steps, is {smallest:,}) and holds no status block: not a result file, or a "
-                f"run killed before writing its tail{guess}")
+                f"run killed before writing its tail{guess}", _NO_TAIL)
     return (f"no status block (magic {R.STATUS_MAGIC.decode()}) anywhere: not a result file, or "
-            f"a run killed before writing its tail{guess}")
+            f"a run killed before writing its tail{guess}", _NO_TAIL)
 
 
 def _views(path, raw, prof, steps, issues) -> ResultFile:

@@ -7,6 +7,7 @@ the transfer window, and writes the tail — on completion, device failure, host
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 import time
@@ -17,6 +18,7 @@ import numpy as np
 
 from plan import profiles, reference
 from staging import layout as L
+from staging import paths
 from staging import records as R
 from staging import synthetic
 from staging.tokens import TokenCache
@@ -41,7 +43,13 @@ OUTCOME_EXIT = {R.OUTCOME_COMPLETED: EXIT_COMPLETED, R.OUTCOME_DEVICE_ERROR: EXI
 
 
 class RunRefused(UserError):
-    pass
+    """A request the run refuses before any device work (paths, steps, backend)."""
+
+
+class RunInterrupted(UserError):
+    """SIGINT/SIGTERM before the first step completed: nothing learned, so nothing is written
+    (no result file, the checkpoint untouched); exits as interrupted."""
+    exit_code = EXIT_INTERRUPTED
 
 
 @dataclass
@@ -88,23 +96,40 @@ class Progress:
 
 
 class _Signals:
-    """SIGINT/SIGTERM set a flag; the loop finishes the step in flight, publishes and stops."""
+    """SIGINT/SIGTERM set a flag from the start of `run`; before training, `check` turns it into
+    RunInterrupted (nothing written); during training the loop finishes the step in flight,
+    publishes and stops."""
 
     def __init__(self, progress: Progress):
         self.received: int | None = None
         self.progress = progress
+        self.training = False           # the update loop has started: a signal is noted
         self._old = {}
 
     def __enter__(self):
         for sig in (signal.SIGINT, signal.SIGTERM):
             self._old[sig] = signal.signal(sig, self._handle)
+            # a signal that came while the process started (host.cli.EarlySignals) counts
+            if self.received is None and getattr(self._old[sig], "received", None):
+                self.received = self._old[sig].received
         return self
 
     def _handle(self, signum, frame):
-        if self.received is None:
+        if self.received is None and self.training:
             self.progress.note(f"{signal.Signals(signum).name}: finishing the step in flight, "
                                "then publishing")
         self.received = signum
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.received).name if self.received else ""
+
+    def check(self, checkpoint) -> None:
+        """Refuse to go on when a signal came before the first step."""
+        if self.received:
+            raise RunInterrupted(f"interrupted by {self.name} before the first step: nothing was "
+                                 f"written (no result file; checkpoint {checkpoint} untouched)",
+                                 "run again to train")
 
     def __exit__(self, *exc):
         for sig, old in self._old.items():
@@ -131,38 +156,51 @@ def _resolve_paths(req: Request):
     if tokens is None:
         tokens = synthetic.ensure_default_stream(req.profile, req.directory)
     ckpt = req.checkpoint
+    if ckpt is None or req.result is None:
+        with paths.refusing("directory", req.directory, "create", RunRefused):
+            req.directory.mkdir(parents=True, exist_ok=True)
     if ckpt is None:
-        req.directory.mkdir(parents=True, exist_ok=True)
         ckpt = req.directory / f"{req.profile.name}.ckpt"
-        if not ckpt.exists():
-            ckpt.touch()            # the embedded default starts fresh; a named path never does
-    if req.result is None:
-        req.directory.mkdir(parents=True, exist_ok=True)
+        if not os.path.lexists(ckpt):
+            with paths.refusing("checkpoint", ckpt, "create", RunRefused):
+                ckpt.touch()        # the embedded default starts fresh; a named path never does
     return Path(tokens), Path(ckpt)
 
 
 def run(req: Request, progress: Progress | None = None) -> Summary:
+    """One invocation.  Every refusal (paths, checkpoint envelope and payload, token cache,
+    backend) comes before anything is written: a result file this run created is removed when
+    the run is refused or interrupted before its first step."""
     progress = progress or Progress()
     profile = req.profile
     steps = profile.steps if req.steps is None else req.steps
     if not 0 < steps <= profile.steps:
-        raise RunRefused(f"--steps {steps} is outside 1..{profile.steps}")
-    tokens_path, ckpt_path = _resolve_paths(req)
-
-    ckpt_mod.open_input(ckpt_path, profile).close()  # refuse a missing or foreign path before locking
-    with ckpt_mod.lock(ckpt_path), ckpt_mod.open_input(ckpt_path, profile) as inp:
-        c0 = inp.update_count
-        cache = TokenCache.open(tokens_path, profile)
-        cache.validate_run(c0, steps, source=None if req.source is None else str(req.source))
-        result_path = req.result or (req.directory / f"{profile.name}-result-c{c0}.bin")
-        if result_path.exists() and not req.overwrite:
-            raise RunRefused(f"result file {result_path} exists",
-                             "pass --overwrite, or name another --result")
-        opened = Opened(steps=steps, inp=inp, cache=cache, checkpoint=ckpt_path, result=result_path)
-        backend = make_backend(req.backend, profile)
-        with backend:
-            with ResultWriter.create(result_path, profile, overwrite=req.overwrite) as writer:
-                return _Invocation(req, opened, backend, writer, progress).run()
+        raise RunRefused(f"--steps {steps} is outside 1..{profile.steps}",
+                         f"the {profile.name} profile runs 1 to {profile.steps} steps")
+    with _Signals(progress) as signals:
+        tokens_path, ckpt_path = _resolve_paths(req)
+        ckpt_mod.open_input(ckpt_path, profile).close()   # refuse a bad path before locking
+        # one file under every spelling (a symbolic link, dir/../): lock, read and publish the
+        # resolved path, so that two runs on one checkpoint always contend for one lock
+        resolved = Path(os.path.realpath(ckpt_path))
+        with ckpt_mod.lock(resolved, name=ckpt_path), \
+                ckpt_mod.open_input(resolved, profile, name=ckpt_path) as inp:
+            c0 = inp.update_count
+            cache = TokenCache.open(tokens_path, profile)
+            cache.validate_run(c0, steps, source=None if req.source is None else str(req.source))
+            result_path = Path(req.result or (req.directory / f"{profile.name}-result-c{c0}.bin"))
+            paths.check_output(result_path, "result file", overwrite=req.overwrite,
+                               cls=RunRefused,
+                               exists_hint="pass --overwrite, or name another --result")
+            opened = Opened(steps=steps, inp=inp, cache=cache, checkpoint=ckpt_path,
+                            result=result_path, publish_to=resolved)
+            signals.check(ckpt_path)
+            backend = make_backend(req.backend, profile)
+            with backend:
+                signals.check(ckpt_path)
+                # __exit__ on a refusal removes the file if this run created it and wrote nothing
+                with ResultWriter.create(result_path, profile, overwrite=req.overwrite) as writer:
+                    return _Invocation(req, opened, backend, writer, progress, signals).run()
 
 
 class _MarkerSurvived(Exception):
@@ -176,6 +214,7 @@ class _MarkerSurvived(Exception):
 # what ends a run with its tail written; anything else (a host bug) propagates without one
 _FAILURES = (_MarkerSurvived, DeviceError, OSError, ckpt_mod.CheckpointWriteFailed)
 NO_DRIVER_CODE = 0xFFFF         # notifier info32 of a device error without a CUresult
+REASON_BYTES = R.ERROR_NOTIFIER.dtype["reason"].itemsize      # 40 ASCII bytes (SPEC §8)
 
 
 @dataclass
@@ -184,8 +223,9 @@ class Opened:
     steps: int
     inp: ckpt_mod.InputCheckpoint
     cache: TokenCache
-    checkpoint: Path
+    checkpoint: Path            # as the user named it (messages, the summary)
     result: Path
+    publish_to: Path            # the resolved checkpoint path: locked, read, published
 
 
 class _Notifier:
@@ -206,7 +246,7 @@ class _Notifier:
         n["status"] = status
         n["sequence"] = self.ring.gp_put
         n["step"] = R.NOTIFIER_NO_STEP if step is None else step
-        n["reason"] = reason.encode("ascii", "replace")[:40]
+        n["reason"] = reason.encode("ascii", "replace")[:REASON_BYTES]
 
 
 def _current_submission(ring: Ring) -> int:
@@ -215,15 +255,41 @@ def _current_submission(ring: Ring) -> int:
     return int(ring.table[ring.gp_put - 1]["submission"])
 
 
-def _failure(e: BaseException, ring: Ring, step: int | None, during: str = ""):
-    """(outcome, info32, submission, step, reason) that a failure leaves in the notifier."""
+@dataclass(frozen=True)
+class _Failure:
+    """What a failure leaves: the notifier's fields (`reason` puts the cause first, as 40 bytes
+    keep only the start) and the summary's whole message."""
+    outcome: int
+    info32: int
+    submission: int
+    step: int | None
+    reason: str
+    message: str
+
+
+def _host_cause(e: BaseException) -> str:
+    """The cause of a host failure in a few words, errno name first: 'ENOSPC writing chunk 1 of
+    2' (a publication), 'EIO: Input/output error' (another OSError)."""
+    if isinstance(e, ckpt_mod.CheckpointWriteFailed) and e.stage:
+        return f"{paths.errno_name(e)} {e.stage}" if e.errno else e.stage
+    if isinstance(e, OSError) and e.errno:
+        return f"{paths.errno_name(e)}: {e.strerror}"
+    return getattr(e, "message", None) or str(e)
+
+
+def _failure(e: BaseException, ring: Ring, step: int | None, during: str = "") -> _Failure:
+    """The notifier fields and summary message that a failure leaves."""
     if isinstance(e, _MarkerSurvived):
-        return R.OUTCOME_DEVICE_ERROR, R.INFO_MARKER_SURVIVED, e.submission, None, str(e)
+        return _Failure(R.OUTCOME_DEVICE_ERROR, R.INFO_MARKER_SURVIVED, e.submission, None,
+                        str(e), str(e))
     if isinstance(e, DeviceError):
-        return (R.OUTCOME_DEVICE_ERROR, e.code or NO_DRIVER_CODE, _current_submission(ring), step,
-                during + str(e))
-    return (R.OUTCOME_HOST_ERROR, R.INFO_HOST_IO, _current_submission(ring), None,
-            f"host I/O: {getattr(e, 'strerror', None) or e}")
+        return _Failure(R.OUTCOME_DEVICE_ERROR, e.code or NO_DRIVER_CODE,
+                        _current_submission(ring), step, during + str(e), during + str(e))
+    message = str(e)
+    if isinstance(e, OSError) and not isinstance(e, UserError):
+        message = f"host I/O: {paths.errno_text(e)}" + (f": {e.filename}" if e.filename else "")
+    return _Failure(R.OUTCOME_HOST_ERROR, R.INFO_HOST_IO, _current_submission(ring), None,
+                    _host_cause(e), message)
 
 
 @contextlib.contextmanager
@@ -279,23 +345,29 @@ class _Invocation:
     """One run on an open backend, in protocol order: parameters onto the device, forward,
     one update issue per step (publishing every interval), final, then the tail."""
 
-    def __init__(self, req: Request, opened: Opened, backend, writer, progress: Progress):
+    def __init__(self, req: Request, opened: Opened, backend, writer, progress: Progress,
+                 signals: _Signals):
         self.req, self.profile, self.steps = req, req.profile, opened.steps
         self.opened, self.backend, self.writer, self.progress = opened, backend, writer, progress
+        self.signals = signals
         self.views = backend.staging
         self.c0 = opened.inp.update_count
         self.summary = Summary(c0=self.c0, steps_planned=self.steps, update_count=self.c0,
                                result=opened.result, checkpoint=opened.checkpoint)
         self.ring = Ring(backend, capacity=self.steps + 2, timeout_s=req.fence_timeout_s)
-        self.publisher = Publisher(backend, opened.checkpoint, self.profile, self.summary, progress)
+        self.publisher = Publisher(backend, opened.publish_to, self.profile, self.summary, progress)
         self.notifier = _Notifier(self.views.error_notifier[0], self.ring)
         self.payload_sha256 = bytes(32)     # of the loaded checkpoint's payload; zeros when fresh
+        self.forward_part: np.ndarray | None = None   # (3, V) f32, written with the first step
         self.forward_offset = L.record_forward_offset(self.profile)
         self.final_offset = L.record_final_offset(self.profile)
 
     def run(self) -> Summary:
         try:
             return self._run()
+        except BaseException:
+            self.progress.stop()        # a refusal's one line must not land inside a live bar
+            raise
         finally:
             # an unexpected error must not leave a thread streaming through staging as it goes
             if not self.publisher.join(PUBLISHER_JOIN_S):
@@ -303,31 +375,32 @@ class _Invocation:
 
     def _run(self) -> Summary:
         t_start = time.monotonic()
-        summary = self.summary
-        with _Signals(self.progress) as signals:
-            try:
-                with _switch_interval(SWITCH_INTERVAL_S):
-                    self.load_parameters()
-                    self.backend.instantiate(t_base=self.c0 - 1)
-                    floor = synthetic.loss_floor(self.profile) if self.req.tokens is None else None
-                    self.progress.start(summary, floor, self.profile.context)
-                    self.forward()
-                    context = self.updates(signals)
-                    self.final(context)
-            except _FAILURES as e:
-                step = summary.steps_completed if summary.steps_completed < self.steps else None
-                self.record_failure(_failure(e, self.ring, step))
-            # the last publication must be complete (and its digest known) before the tail
-            try:
-                self.publisher.wait()
-            except _FAILURES as e:
-                self.record_failure(_failure(e, self.ring, None, during="publication: "))
-            if summary.outcome == R.OUTCOME_INTERRUPTED:
-                self.notifier.fill(info32=0, submission=L.SUBMISSION_UPDATE,
-                                   step=summary.steps_completed, reason=summary.error,
-                                   status=R.NOTIFIER_STATUS_NONE)
-        if not self.writer.forward_written:  # the forward submission failed: keep what staging holds
-            self.writer.write_forward(self.views.record_forward)
+        summary, signals = self.summary, self.signals
+        try:
+            with _switch_interval(SWITCH_INTERVAL_S):
+                self.load_parameters()
+                self.backend.instantiate(t_base=self.c0 - 1)
+                signals.check(self.opened.checkpoint)
+                floor = synthetic.loss_floor(self.profile) if self.req.tokens is None else None
+                self.progress.start(summary, floor, self.profile.context)
+                self.forward()
+                context = self.updates()
+                self.final(context)
+        except _FAILURES as e:
+            step = summary.steps_completed if summary.steps_completed < self.steps else None
+            self.record_failure(_failure(e, self.ring, step))
+        # the last publication must be complete (and its digest known) before the tail
+        try:
+            self.publisher.wait()
+        except _FAILURES as e:
+            self.record_failure(_failure(e, self.ring, None, during="publication: "))
+        if summary.outcome == R.OUTCOME_INTERRUPTED:
+            self.notifier.fill(info32=0, submission=L.SUBMISSION_UPDATE,
+                               step=summary.steps_completed, reason=summary.error,
+                               status=R.NOTIFIER_STATUS_NONE)
+        if not self.writer.forward_written:  # no step window reached the file: write it now
+            self.writer.write_forward(self.views.record_forward if self.forward_part is None
+                                      else self.forward_part)
         summary.wall_s = time.monotonic() - t_start
         self.write_tail()
         self.progress.stop()
@@ -343,24 +416,31 @@ class _Invocation:
         self.payload_sha256 = loaded.payload_sha256
 
     def forward(self) -> None:
-        """Forward submission: the record's forward part and predictions on context c0."""
+        """Forward submission: the record's forward part and predictions on context c0.  The part
+        reaches the file with the first step window, so that a run interrupted before its first
+        step writes nothing."""
         self.opened.cache.write_input_record(self.views, self.c0)
         self.views.write_marker(self.forward_offset)
         self.ring.run(L.SUBMISSION_FORWARD, self.c0, None)
         if self.views.marker_survived(self.forward_offset):
             raise _MarkerSurvived("forward")
-        self.writer.write_forward(self.views.record_forward)
+        self.forward_part = np.array(self.views.record_forward, copy=True)
 
-    def updates(self, signals: _Signals) -> int:
+    def updates(self) -> int:
         """One update issue per step until done or signalled; returns the last step's context."""
-        summary, c0, steps = self.summary, self.c0, self.steps
+        summary, c0, steps, signals = self.summary, self.c0, self.steps, self.signals
         context = c0
+        signals.training = True
         for s in range(steps):
-            if signals.received:
+            if s == 0:
+                signals.check(self.opened.checkpoint)
+            elif signals.received:
                 break
             context = c0 + s
             self.opened.cache.write_input_record(self.views, context)
             self.ring.run(L.SUBMISSION_UPDATE, context, s)
+            if s == 0:
+                self.writer.write_forward(self.forward_part)
             self.writer.append_step(self.views.loss_record)
             summary.steps_completed = s + 1
             summary.update_count = c0 + s + 1
@@ -372,7 +452,7 @@ class _Invocation:
                 self.publisher.start(summary.update_count)
         if signals.received and summary.steps_completed < steps:
             summary.outcome = R.OUTCOME_INTERRUPTED
-            summary.error = f"interrupted by {signal.Signals(signals.received).name}"
+            summary.error = f"interrupted by {signals.name}"
             if self.publisher.update_count != summary.update_count and summary.steps_completed:
                 self.publisher.start(summary.update_count)
         return context
@@ -384,14 +464,14 @@ class _Invocation:
         if self.views.marker_survived(self.final_offset):
             raise _MarkerSurvived("final")
 
-    def record_failure(self, failure) -> None:
+    def record_failure(self, failure: _Failure) -> None:
         """The first failure is the one the summary and the notifier keep (an interruption
         before it is overridden)."""
-        outcome, info32, submission, step, reason = failure
         if self.summary.outcome not in (R.OUTCOME_COMPLETED, R.OUTCOME_INTERRUPTED):
             return
-        self.summary.outcome, self.summary.error = outcome, reason
-        self.notifier.fill(info32=info32, submission=submission, step=step, reason=reason,
+        self.summary.outcome, self.summary.error = failure.outcome, failure.message
+        self.notifier.fill(info32=failure.info32, submission=failure.submission,
+                           step=failure.step, reason=failure.reason,
                            status=R.NOTIFIER_STATUS_ERROR)
 
     def write_tail(self) -> None:

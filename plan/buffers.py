@@ -1,16 +1,31 @@
 """Device buffers of the plan: names, element types and shapes, all derived from the profile.
 
-`pmv`, `grad` and `w16` are fixed by the design (P/M/V planes in one fp32 buffer, the flat
-gradient and the bf16 weight copy in the P plane's layout); the rest hold the activations the
-backward pass reads.  Backends allocate each buffer separately (so every base is 256-byte
-aligned on cuda) and resolve launch arguments `BufferRef(name, element offset)` against them.
+`pmv` and `w16` are fixed by the design (P/M/V planes in one fp32 buffer, the bf16 weight copy in
+the P plane's layout); the rest hold the activations the backward pass reads and its scratch.
+There is no gradient plane: the weight-gradient launches and embed_grad apply AdamW to each
+gradient tile in registers; only the two gains' gradients wait in `dgain` for their update.
+Backends allocate each buffer separately (so every base is 256-byte aligned on cuda) and resolve
+launch arguments `BufferRef(name, element offset)` against them.
 Plain data: no Triton, no torch.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from plan.attention_split import attention_split
+from plan.tuning import ssq_parts, tuning
+from staging import layout as SL
+
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "i32": 4, "u32": 4}
+GAINS = ("g_embed", "g_final")      # the rows of `dgain`, in parameter order
+
+# `staged`: the issue's input record and doorbell, copied from staging by the submission's first
+# launch (plan/kernels/release_stage_in.ptx; SPEC §7: no later kernel reads staging).  Word
+# offsets: the record keeps its staging layout (inputs, then targets), the doorbell follows it.
+STAGED_INPUTS = SL.INPUTS // 4
+STAGED_TARGETS = SL.TARGETS // 4
+STAGED_DOORBELL = SL.INPUT_RECORD_BYTES // 4
+STAGED_WORDS = STAGED_DOORBELL + 4              # padded to 16 bytes
 
 
 @dataclass(frozen=True)
@@ -47,14 +62,20 @@ def buffers(profile) -> dict[str, BufferSpec]:
     T, D, V, F, L = profile.context, profile.width, profile.vocab, profile.hidden, profile.layers
     N, W, Hd, H = profile.parameter_count, qkv_width(profile), profile.q_width, profile.heads
     S = norm_points(profile)
+    G, d = profile.kv_heads, profile.head_dim
+    tu = tuning(profile)
+    split = attention_split(profile, tu)
     specs = [
         BufferSpec("pmv", "fp32", (3, N), "P plane at 0, M at N, V at 2N (the checkpoint payload)"),
-        BufferSpec("grad", "fp32", (N,), "flat gradient of mean(ce), P-plane layout"),
         BufferSpec("w16", "bf16", (N,), "bf16 copy of P (the matmuls' weights; AdamW leaves E and "
                    "the gains stale: nothing reads them as bf16)"),
+        BufferSpec("dgain", "fp32", (len(GAINS), D), "gradients of g_embed and g_final, until "
+                   "embed_grad applies AdamW to them"),
         BufferSpec("emb", "fp32", (T, D), "gathered embedding rows E[inputs]"),
         BufferSpec("resid", "fp32", (S, T, D), "residual stream entering each norm site"),
         BufferSpec("rstd", "fp32", (S + 1, T), "1/rms per row: embed norm, then each norm site"),
+        BufferSpec("ssq", "fp32", (S, ssq_parts(tu, T, D), T), "per-row partial sums of squares "
+                   "of each norm site's residual, one per column tile of its producer"),
         BufferSpec("h16", "bf16", (S, T, D), "bf16 norm outputs (hf with g_final at the last)"),
         BufferSpec("rope", "fp32", (T, profile.head_dim), "rotary table [cos | sin] per row (embed_fwd)"),
         BufferSpec("qkv16", "bf16", (L, T, W), "q'|k'|v after rotary, per layer (matmul_rotary)"),
@@ -65,14 +86,27 @@ def buffers(profile) -> dict[str, BufferSpec]:
         BufferSpec("z16", "bf16", (L, T, F), "bf(silu(a)·b) per layer"),
         BufferSpec("logits", "fp32", (T, V), "head output"),
         BufferSpec("dlogits16", "bf16", (T, V), "bf((softmax − onehot)/T)"),
-        BufferSpec("dn", "fp32", (T, D), "gradient at a norm output (dhf, dh)"),
+        BufferSpec("dn", "fp32", (tu.dn_splits, T, D), "gradient at a norm output (dhf, dh): "
+                   "split-K partials, summed in order by the norm backward"),
         BufferSpec("dres", "fp32", (T, D), "residual-stream gradient"),
-        BufferSpec("dres16", "bf16", (T, D), "bf(residual-stream gradient)"),
+        BufferSpec("dres16", "bf16", (2, T, D), "bf(residual-stream gradient), two slabs in turn"),
         BufferSpec("dab16", "bf16", (T, 2 * F), "bf(da) | bf(db)"),
         BufferSpec("do32", "fp32", (T, Hd), "gradient at the attention output"),
         BufferSpec("delta", "fp32", (H, T), "rowsum(do·o) per head"),
         BufferSpec("dqkv16", "bf16", (T, W), "bf(dq|dk|dv), inverse rotary applied by the attention backward"),
         BufferSpec("de", "fp32", (T, D), "gradient at the gathered embedding rows"),
         BufferSpec("next_row", "i32", (T,), "next row with the same input token (T if none), embed_fwd"),
+        BufferSpec("staged", "u32", (STAGED_WORDS,), "the issue's input record and doorbell, "
+                   "copied from staging by the first launch"),
+        # attention split (plan/attention_split.py): slot c holds chunk c's partial; every layer
+        # reuses them (each is written and read by one launch pair)
+        BufferSpec("attn_o_part", "fp32", (split.fwd_slots, T, Hd),
+                   "attention_fwd chunks: Σ bf(exp(s − m_c))·v per row and head, unnormalized"),
+        BufferSpec("attn_ml_part", "fp32", (split.fwd_slots, 2, H, T),
+                   "attention_fwd chunks: row max m_c and row sum l_c per head"),
+        BufferSpec("attn_kv_part", "fp32", (split.bwd_slots, T, 2 * G * d),
+                   "attention_bwd chunks: dk' | dv partial sums per kv head (before rotary_backward)"),
+        BufferSpec("ds16", "bf16", (H, T, T),
+                   "bf(ds)ᵀ per head, [kv row, query row] (attention_bwd → attention_bwd_dq)"),
     ]
     return {s.name: s for s in specs}

@@ -12,21 +12,41 @@ import math
 import numpy as np
 
 from plan import profiles as _profiles
+from plan.attention_split import AttentionSplit, attention_split
+from plan.buffers import GAINS
 from plan.launch_refs import Context, staging
-from plan.launch_types import (RELEASE, BufferRef, Launch, RunScalar, StagingRef, cdiv, i32,
-                               next_pow2, triton_launch)
+from plan.launch_types import (RELEASE, STAGE_IN, BufferRef, Launch, RunScalar, StagingRef, cdiv,
+                               i32, next_pow2, triton_launch)
+from plan.tuning import ssq_parts
 from staging import layout as SL
 
 
-def release(submission: int, which: int) -> Launch:
-    """The hand-written release kernel: writes the semaphore slot `which` of `submission`."""
-    prelaunch = which == SL.SLOT_PRELAUNCH_RELEASE
-    part = "SLOT_PRELAUNCH_RELEASE" if prelaunch else "SLOT_FINAL_RELEASE"
-    slot = SL.semaphore_slot(submission) + which
+STAGE_IN_WARPS = 8          # release_stage_in.ptx: .reqntid 256, 32 bytes of the record each
+
+
+def _slot(submission: int, which: int) -> StagingRef:
+    part = "SLOT_PRELAUNCH_RELEASE" if which == SL.SLOT_PRELAUNCH_RELEASE else "SLOT_FINAL_RELEASE"
+    return StagingRef(f"semaphore_slot({submission}) + {part}",
+                      SL.semaphore_slot(submission) + which, "u32")
+
+
+def release_stage_in(ctx: Context, submission: int) -> Launch:
+    """A submission's first launch (hand-written PTX): copies the input record and the doorbell
+    from staging into `staged`, and writes the pre-launch semaphore record."""
     args = (("doorbell_ptr", staging("DOORBELL", "u32")),
-            ("slot_ptr", StagingRef(f"semaphore_slot({submission}) + {part}", slot, "u32")))
-    return Launch(RELEASE, "", RELEASE, (1, 1, 1), args, (), 1, 1,
-                  "prelaunch_release" if prelaunch else "final_release")
+            ("slot_ptr", _slot(submission, SL.SLOT_PRELAUNCH_RELEASE)),
+            ("record_ptr", staging("INPUTS", "u32")),
+            ("staged_ptr", ctx.buf("staged")))
+    return Launch(STAGE_IN, "", STAGE_IN, (1, 1, 1), args, (), STAGE_IN_WARPS, 1,
+                  "prelaunch_release+stage_in")
+
+
+def release(ctx: Context, submission: int) -> Launch:
+    """The hand-written release kernel as a submission's last launch: the final semaphore record
+    of `submission`, its payload the staged doorbell."""
+    args = (("doorbell_ptr", ctx.doorbell()),
+            ("slot_ptr", _slot(submission, SL.SLOT_FINAL_RELEASE)))
+    return Launch(RELEASE, "", RELEASE, (1, 1, 1), args, (), 1, 1, "final_release")
 
 
 # ---------------------------------------------------------------- row norms
@@ -35,32 +55,50 @@ def _row_programs(ctx: Context) -> int:
     return cdiv(ctx.T, ctx.tu.rows)
 
 
-def embed_fwd(ctx: Context, *, ids, table, g, emb, rstd, x, rope, next_row, label: str) -> Launch:
-    """emb = E[ids], rstd, x = rmsnorm(emb)·g; the rotary table and the next-row links."""
+def embed_fwd(ctx: Context, *, ids, table, g, emb, rstd, x, ssq, rope, next_row,
+              label: str) -> Launch:
+    """emb = E[ids], rstd, x = rmsnorm(emb)·g and its per-row partial sums of squares ssq (as
+    many parts as the residual products write); the rotary table and the next-row links."""
     tu = ctx.tu
+    parts, block_d = ssq_parts(tu, ctx.T, ctx.D), next_pow2(ctx.D)
+    if block_d % parts or parts & (parts - 1):
+        raise ValueError(f"{label}: {parts} sum-of-squares parts do not split {block_d} columns; "
+                         "hint: a residual tile whose count over D is a power of two")
     return triton_launch("plan.kernels.norms", "embed_fwd", (_row_programs(ctx),),
                          {"ids_ptr": ids, "table_ptr": table, "g_ptr": g, "emb_ptr": emb,
-                          "rstd_ptr": rstd, "x_ptr": x, "rope_ptr": rope, "next_ptr": next_row,
+                          "rstd_ptr": rstd, "x_ptr": x, "ssq_ptr": ssq, "rope_ptr": rope,
+                          "next_ptr": next_row, "T": i32(ctx.T)},
+                         {"D": ctx.D, "HEAD_DIM": ctx.p.head_dim, "SSQ_PARTS": parts,
+                          "BLOCK_R": tu.rows, "BLOCK_D": block_d, "BLOCK_T": next_pow2(ctx.T)},
+                         num_warps=tu.rows_warps, num_stages=1, label=label)
+
+
+def final_norm(ctx: Context, *, x, g, h16, rstd, label: str) -> Launch:
+    """h16 = bf(rmsnorm(x)·g) and rstd of T rows: the head's bf16 input, written once."""
+    tu = ctx.tu
+    return triton_launch("plan.kernels.norms", "final_norm", (_row_programs(ctx),),
+                         {"x_ptr": x, "g_ptr": g, "h16_ptr": h16, "rstd_ptr": rstd,
                           "T": i32(ctx.T)},
-                         {"D": ctx.D, "HEAD_DIM": ctx.p.head_dim, "BLOCK_R": tu.rows,
-                          "BLOCK_D": next_pow2(ctx.D), "BLOCK_T": next_pow2(ctx.T)},
+                         {"D": ctx.D, "BLOCK_R": tu.rows, "BLOCK_D": next_pow2(ctx.D)},
                          num_warps=tu.rows_warps, num_stages=1, label=label)
 
 
 def rmsnorm_bwd(ctx: Context, *, dy, x, rstd, g, dx, dx16, has_gain: bool, accumulate: bool,
-                write_bf16: bool, label: str) -> Launch:
-    """dx [+]= rmsnorm_backward(dy [·g]); dx16 = bf(dx) when write_bf16 (g unread without gain)."""
+                write_bf16: bool, label: str, dy_parts: int = 1) -> Launch:
+    """dx [+]= rmsnorm_backward(dy [·g]); dx16 = bf(dx) when write_bf16 (g unread without gain);
+    dy as `dy_parts` split-K partials, summed in order."""
     tu = ctx.tu
     return triton_launch("plan.kernels.norms", "rmsnorm_bwd", (_row_programs(ctx),),
                          {"dy_ptr": dy, "x_ptr": x, "rstd_ptr": rstd, "g_ptr": g, "dx_ptr": dx,
                           "dx16_ptr": dx16, "T": i32(ctx.T)},
                          {"D": ctx.D, "HAS_GAIN": has_gain, "ACCUMULATE": accumulate,
-                          "WRITE_BF16": write_bf16, "BLOCK_R": tu.rows, "BLOCK_D": next_pow2(ctx.D)},
+                          "WRITE_BF16": write_bf16, "BLOCK_R": tu.rows, "BLOCK_D": next_pow2(ctx.D),
+                          "DY_PARTS": dy_parts},
                          num_warps=tu.rows_warps, num_stages=1, label=label)
 
 
 def rmsnorm_bwd_gain(ctx: Context, *, dy, x, rstd, g, dx, dx16, dg, write_bf16: bool,
-                     label: str) -> Launch:
+                     label: str, dy_parts: int = 1) -> Launch:
     """A gained norm's backward: dx (and dx16) by row blocks and dg by column blocks, side by
     side in one grid (the two halves only read what they share)."""
     tu = ctx.tu
@@ -70,7 +108,8 @@ def rmsnorm_bwd_gain(ctx: Context, *, dy, x, rstd, g, dx, dx16, dg, write_bf16: 
                          {"dy_ptr": dy, "x_ptr": x, "rstd_ptr": rstd, "g_ptr": g, "dx_ptr": dx,
                           "dx16_ptr": dx16, "dg_ptr": dg, "T": i32(ctx.T)},
                          {"D": ctx.D, "WRITE_BF16": write_bf16, "BLOCK_R": tu.rows,
-                          "BLOCK_D": next_pow2(ctx.D), "GAIN_ROWS": tu.gain_rows, "GAIN_COLS": cols},
+                          "BLOCK_D": next_pow2(ctx.D), "GAIN_ROWS": tu.gain_rows, "GAIN_COLS": cols,
+                          "DY_PARTS": dy_parts},
                          num_warps=tu.rows_warps, num_stages=1, label=label)
 
 
@@ -92,25 +131,72 @@ def attention_constexprs(ctx: Context) -> dict:
             "HEAD_DIM": p.head_dim, "BLOCK_M": tu.attn_m, "BLOCK_N": tu.attn_n}
 
 
-def attention_fwd(ctx: Context, *, qkv, o16, o32, lse, label: str) -> Launch:
-    """Causal flash attention forward: one program per (query block, head)."""
+def _split(ctx: Context) -> AttentionSplit:
+    """The attention split of the profile's tuning; refuses chunks the kernels cannot run."""
+    tu = ctx.tu
+    if tu.attn_fwd_chunk < 1 or tu.attn_bwd_chunk < 1:
+        raise ValueError(f"attention chunks {tu.attn_fwd_chunk} (forward), {tu.attn_bwd_chunk} "
+                         "(dK/dV) must be ≥ 1; hint: kv blocks / trips per program")
+    if tu.attn_fwd_chunk * tu.attn_n % tu.attn_m:
+        raise ValueError(f"forward chunk of {tu.attn_fwd_chunk} kv blocks × {tu.attn_n} rows is no "
+                         f"multiple of BLOCK_M={tu.attn_m}; hint: a chunk must start at a query "
+                         "block's first row, or its first rows see no key")
+    return attention_split(ctx.p, tu)
+
+
+def attention_fwd(ctx: Context, *, qkv, o_part, ml_part, label: str) -> Launch:
+    """Causal flash attention forward, split: one program per (query block, kv chunk, head)
+    writing the chunk's unnormalized partial (plan/attention_split.py)."""
     tu = ctx.tu
     consts = attention_constexprs(ctx)
-    return triton_launch("plan.kernels.attention", "attention_fwd", (ctx.T // tu.attn_m, ctx.p.heads),
-                         {"qkv_ptr": qkv, "o16_ptr": o16, "o32_ptr": o32, "lse_ptr": lse,
+    split = _split(ctx)
+    return triton_launch("plan.kernels.attention", "attention_fwd", (len(split.fwd_programs()),),
+                         {"qkv_ptr": qkv, "o_part_ptr": o_part, "ml_part_ptr": ml_part,
                           "T": i32(ctx.T)},
-                         consts, num_warps=tu.attn_warps, num_stages=2, label=label)
+                         {**consts, "FWD_CHUNK": tu.attn_fwd_chunk},
+                         num_warps=tu.attn_warps, num_stages=2, label=label)
 
 
-def attention_bwd(ctx: Context, *, qkv, do, lse, delta, rope, dqkv, label: str) -> Launch:
-    """dK/dV programs (kv block, kv head), then dQ programs (query block, head), in one grid."""
+def attention_fwd_merge(ctx: Context, *, o_part, ml_part, o16, o32, lse, label: str) -> Launch:
+    """o16, o32, lse of each (query block, head) from its chunks' partials, in chunk order."""
     tu, p = ctx.tu, ctx.p
     consts = attention_constexprs(ctx)
-    programs = ctx.T // tu.attn_n * p.kv_heads + ctx.T // tu.attn_m * p.heads
-    return triton_launch("plan.kernels.attention", "attention_bwd", (programs,),
+    split = _split(ctx)
+    return triton_launch("plan.kernels.attention", "attention_fwd_merge",
+                         (len(split.fwd_merge_programs()),),
+                         {"o_part_ptr": o_part, "ml_part_ptr": ml_part, "o16_ptr": o16,
+                          "o32_ptr": o32, "lse_ptr": lse, "T": i32(ctx.T)},
+                         {"HEADS": p.heads, "HEAD_DIM": p.head_dim, "BLOCK_M": consts["BLOCK_M"],
+                          "BLOCK_N": consts["BLOCK_N"], "FWD_CHUNK": tu.attn_fwd_chunk},
+                         num_warps=4, num_stages=1, label=label)
+
+
+def attention_bwd(ctx: Context, *, qkv, do, lse, delta, kv_part, ds, label: str) -> Launch:
+    """dK/dV pass, split: one program per (kv block, trip chunk, kv head) writing partial dk′, dv
+    and every trip's bf(ds)ᵀ tile."""
+    tu = ctx.tu
+    consts = attention_constexprs(ctx)
+    split = _split(ctx)
+    return triton_launch("plan.kernels.attention", "attention_bwd", (len(split.dkdv_programs()),),
                          {"qkv_ptr": qkv, "do_ptr": do, "lse_ptr": lse, "delta_ptr": delta,
-                          "rope_ptr": rope, "dqkv_ptr": dqkv, "T": i32(ctx.T)},
-                         consts, num_warps=tu.attn_warps, num_stages=2, label=label)
+                          "kv_part_ptr": kv_part, "ds_ptr": ds, "T": i32(ctx.T)},
+                         {**consts, "BWD_CHUNK": tu.attn_bwd_chunk},
+                         num_warps=tu.attn_warps, num_stages=2, label=label)
+
+
+def attention_bwd_dq(ctx: Context, *, qkv, ds, kv_part, rope, dqkv, label: str) -> Launch:
+    """dQ programs (query block, head) from bf(ds), then the dK/dV merges (kv block, kv head), in
+    one grid; rotary_backward and bf16 into dqkv."""
+    tu, p = ctx.tu, ctx.p
+    consts = attention_constexprs(ctx)
+    split = _split(ctx)
+    return triton_launch("plan.kernels.attention", "attention_bwd_dq", (len(split.dq_programs()),),
+                         {"qkv_ptr": qkv, "ds_ptr": ds, "kv_part_ptr": kv_part, "rope_ptr": rope,
+                          "dqkv_ptr": dqkv, "T": i32(ctx.T)},
+                         {"HEADS": p.heads, "KV_HEADS": p.kv_heads, "HEAD_DIM": p.head_dim,
+                          "BLOCK_M": consts["BLOCK_M"], "BLOCK_N": consts["BLOCK_N"],
+                          "BWD_CHUNK": tu.attn_bwd_chunk},
+                         num_warps=tu.attn_warps, num_stages=2, label=label)
 
 
 # ---------------------------------------------------------------- loss, predictions, embedding
@@ -134,15 +220,22 @@ def predictions(ctx: Context, *, logits, pred, label: str) -> Launch:
                          num_warps=ctx.tu.ce_warps, num_stages=1, label=label)
 
 
-def embed_grad(ctx: Context, *, ids, next_row, de, de_table, w1, label: str) -> Launch:
-    """dE by vocabulary blocks, rows summed in increasing order; dE's first words also to w1."""
+def embed_grad(ctx: Context, *, ids, next_row, de, w1, label: str) -> Launch:
+    """dE by vocabulary blocks, rows summed in increasing order, applied at once by AdamW to E's
+    P/M/V rows; dE's first words also to w1; one more program updates the two gains from dgain."""
     tu = ctx.tu
-    return triton_launch("plan.kernels.embed_grad", "embed_grad", (cdiv(ctx.V, tu.vocab_block),),
+    g0, g1 = GAINS
+    return triton_launch("plan.kernels.embed_grad", "embed_grad",
+                         (cdiv(ctx.V, tu.vocab_block) + 1,),
                          {"ids_ptr": ids, "next_ptr": next_row, "de_ptr": de,
-                          "de_table_ptr": de_table, "w1_ptr": w1, "T": i32(ctx.T), "V": i32(ctx.V)},
+                          "e_ptr": ctx.param("embed"), "gain0_ptr": ctx.param(g0),
+                          "gain1_ptr": ctx.param(g1), "dgain_ptr": ctx.buf("dgain"), "w1_ptr": w1,
+                          "doorbell_ptr": ctx.doorbell(), "t_base": RunScalar("t_base", "i64"),
+                          "T": i32(ctx.T), "V": i32(ctx.V), "NPARAM": i32(ctx.N)},
                          {"D": ctx.D, "W1_WORDS": SL.LOSS_WINDOW_WORDS, "BLOCK_V": tu.vocab_block,
-                          "BLOCK_T": next_pow2(ctx.T), "BLOCK_D": next_pow2(ctx.D)},
-                         num_warps=4, num_stages=1, label=label)
+                          "BLOCK_T": next_pow2(ctx.T), "BLOCK_D": next_pow2(ctx.D),
+                          **learner_constexprs(ctx.p)},
+                         num_warps=tu.vocab_warps, num_stages=1, label=label)
 
 
 # ---------------------------------------------------------------- learner, casts, copies
@@ -174,6 +267,18 @@ def adamw_constexprs(profile, block: int) -> dict:
             "BETA1": f32(frac(lr.beta1)), "ONE_MINUS_BETA1": f32(one_minus(lr.beta1)),
             "BETA2": f32(frac(lr.beta2)), "ONE_MINUS_BETA2": f32(one_minus(lr.beta2)),
             "EPS": f32(frac(lr.epsilon)), "BLOCK": block}
+
+
+# the AdamW constants a fused update bakes in (the ranges and BLOCK belong to the whole-plane
+# kernel), in the kernels' parameter order
+LEARNER_CONSTEXPRS = ("LR", "BETA1_F64", "BETA2_F64", "DECAY", "BETA1", "ONE_MINUS_BETA1", "BETA2",
+                      "ONE_MINUS_BETA2", "EPS")
+
+
+def learner_constexprs(profile) -> dict:
+    """adamw_constexprs without the plane ranges: what weight_grad and embed_grad bake in."""
+    c = adamw_constexprs(profile, 0)
+    return {k: c[k] for k in LEARNER_CONSTEXPRS}
 
 
 def adamw(ctx: Context, *, pmv, grad, w16, doorbell, label: str) -> Launch:

@@ -6,9 +6,10 @@ derives grid, tile and warps from the profile's tuning.  Plain data: no Triton.
 from __future__ import annotations
 
 from plan.kernels import meta
+from plan.launch_builders import learner_constexprs
 from plan.launch_refs import Context
-from plan.launch_types import BufferRef, Launch, cdiv, i32, triton_launch
-from plan.tuning import GROUP_M
+from plan.launch_types import BufferRef, Launch, RunScalar, cdiv, i32, next_pow2, triton_launch
+from plan.tuning import GROUP_M, choose_tile, ssq_parts
 
 MODULE = "plan.kernels.matmul"
 # tiles of at most this many elements get 4 warps and one more pipeline stage
@@ -18,16 +19,7 @@ SMALL_TILE = 64 * 64
 def tile(ctx: Context, M: int, N: int, tiles=None, heads: int = 1) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, programs): the first candidate with enough programs; `heads` > 1
     keeps only tiles whose columns hold whole heads (fused per-head epilogues)."""
-    tu = ctx.tu
-    fits = [(bm, bn) for bm, bn in (tiles or tu.mm_tiles) if bn % heads == 0]
-    if not fits:
-        raise ValueError(f"no matmul tile holds whole heads of {heads} columns; "
-                         f"hint: add a tile with BLOCK_N a multiple of {heads} to the tuning")
-    for bm, bn in fits:
-        programs = cdiv(M, bm) * cdiv(N, bn)
-        if programs >= tu.mm_min_programs:
-            break
-    return bm, bn, programs
+    return choose_tile(ctx.tu, M, N, tiles, heads)
 
 
 def warps_stages(ctx: Context, bm: int, bn: int) -> tuple[int, int]:
@@ -39,13 +31,15 @@ def warps_stages(ctx: Context, bm: int, bn: int) -> tuple[int, int]:
 
 
 def _tiled(ctx: Context, function: str, args: dict, constexprs: dict, M: int, N: int, K: int,
-           label: str, tiles=None, heads: int = 1, shape=None) -> Launch:
-    """A matmul-family launch over (M, N) output tiles: tile chosen, M/N/K appended to the
-    arguments, the block constexprs to the kernel's own; `shape` overrides (warps, stages)."""
+           label: str, tiles=None, heads: int = 1, shape=None, split_k: int = 1) -> Launch:
+    """A matmul-family launch over (M, N) output tiles (× split_k K ranges): tile chosen, M/N/K
+    appended to the arguments, the block constexprs to the kernel's own; `shape` overrides
+    (warps, stages)."""
     bm, bn, programs = tile(ctx, M, N, tiles, heads)
     num_warps, num_stages = shape or warps_stages(ctx, bm, bn)
     blocks = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": ctx.tu.mm_block_k, "GROUP_M": GROUP_M}
-    return triton_launch(MODULE, function, (programs,), args | {"M": i32(M), "N": i32(N), "K": i32(K)},
+    return triton_launch(MODULE, function, (programs * split_k,),
+                         args | {"M": i32(M), "N": i32(N), "K": i32(K)},
                          constexprs | blocks, num_warps=num_warps, num_stages=num_stages, label=label)
 
 
@@ -55,19 +49,105 @@ def matmul(ctx: Context, *, a: BufferRef, b: BufferRef, c: BufferRef, aux: Buffe
     """c (M, N) = epilogue(bf(A) @ bf(B)); A stored (K, M) when a_transposed, B (N, K) when
     b_transposed.  aux: the residual (EPI_RESIDUAL), [a | b] (EPI_SWIGLU_BWD), else unread."""
     return _tiled(ctx, "matmul", {"a_ptr": a, "b_ptr": b, "c_ptr": c, "aux_ptr": aux},
-                  {"A_T": bool(a_transposed), "B_T": bool(b_transposed), "EPILOGUE": epilogue},
+                  {"A_T": bool(a_transposed), "B_T": bool(b_transposed), "EPILOGUE": epilogue,
+                   "SPLIT_K": 1},
                   M, N, K, label,
                   tiles=ctx.tu.swiglu_bwd_tiles if epilogue == meta.EPI_SWIGLU_BWD else None)
 
 
-def matmul_rotary(ctx: Context, *, x, w, qkv, h16, rstd, label: str) -> Launch:
-    """qkv16 = bf(rotary(bf(rmsnorm(x)) @ bf(Wq|Wk|Wv)ᵀ)): the norm in the prologue (h16, rstd
-    stored), rotary in the epilogue; column tiles hold whole heads."""
+def matmul_residual(ctx: Context, *, a: BufferRef, b: BufferRef, x: BufferRef, out: BufferRef,
+                    ssq: BufferRef, M: int, N: int, K: int, label: str) -> Launch:
+    """out (M, N) = x + bf(A) @ bf(B)ᵀ (out_proj, mlp down: the residual stream) and its per-row
+    partial sums of squares ssq (parts, M), one per column tile, for the next norm prologue."""
+    launch = _tiled(ctx, "matmul_residual", {"a_ptr": a, "b_ptr": b, "x_ptr": x, "out_ptr": out,
+                                             "ssq_ptr": ssq}, {}, M, N, K, label)
+    parts = cdiv(N, dict(launch.constexprs)["BLOCK_N"])
+    if (M, N) != (ctx.T, ctx.D) or parts != ssq_parts(ctx.tu, ctx.T, ctx.D):
+        raise ValueError(f"{label}: a residual product is T × D with ssq_parts column tiles")
+    return launch
+
+
+def matmul_into_norm(ctx: Context, *, a: BufferRef, b: BufferRef, dn: BufferRef, M: int, N: int,
+                     K: int, label: str, b_transposed: bool = False) -> Launch:
+    """dn (splits, M, N) fp32 partials of bf(A) @ bf(B), K split in `dn_splits` ranges: the
+    N = D products whose consumer is a norm backward (it adds the partials in split order):
+    the largest tile (4× the FLOP per loaded byte of a 64×64 one) and enough K ranges to fill
+    the GPU instead of small tiles.  Without a split (dn_splits = 1), the usual tile rule."""
+    tu = ctx.tu
+    splits = tu.dn_splits
+    tiles = (tu.mm_tiles[0],) if splits > 1 else None      # unsplit: the usual tile rule
+    if splits * M * N > ctx.bufs[dn.buffer].elements - dn.offset:
+        raise ValueError(f"{label}: {splits} partials of {M}×{N} do not fit buffer {dn.buffer}")
+    return _tiled(ctx, "matmul", {"a_ptr": a, "b_ptr": b, "c_ptr": dn, "aux_ptr": dn},
+                  {"A_T": False, "B_T": bool(b_transposed), "EPILOGUE": meta.EPI_F32,
+                   "SPLIT_K": splits},
+                  M, N, K, label, tiles=tiles, split_k=splits)
+
+
+def _adjacent_parameters(ctx: Context, first: str, M: int, N: int) -> None:
+    """Refuse a weight-gradient product (M, N) that is not whole adjacent (·, N) parameters from
+    `first` on (Wq|Wk|Wv, Wgate|Wup share one product)."""
+    names = [q.name for q in ctx.p.parameters]
+    rows, i = 0, names.index(first)
+    while rows < M and i < len(names):
+        q = ctx.p.parameters[i]
+        if len(q.shape) != 2 or q.shape[1] != N:
+            break
+        rows, i = rows + q.shape[0], i + 1
+    if rows != M:
+        raise ValueError(f"weight gradient ({M}, {N}) from {first} is not whole adjacent "
+                         f"parameters of width {N}; hint: name the product's first parameter")
+
+
+def weight_grad(ctx: Context, *, products, dy, x, rstd, g, dx, dx16, dg, has_gain: bool,
+                accumulate: bool, label: str) -> Launch:
+    """One launch: the weight gradients `products` — (dy16 (T, M), x16 (T, N), the first
+    parameter's name, M, N) each, W (M, N) one or more adjacent parameters — with AdamW in their
+    epilogue (P/M/V and w16), then the rmsnorm backward of dy (its `dn_splits` partials) into
+    dx [+]= and dx16, and with has_gain the gain gradient dg.  Placed after the last launch that
+    reads the old bf16 weights."""
+    tu, T, D = ctx.tu, ctx.T, ctx.D
+    if not 1 <= len(products) <= 2:
+        raise ValueError(f"{label}: weight_grad runs one or two products, got {len(products)}")
+    bm, bn = tu.dw_tile
+    args, dims, tiles = {}, {}, 0
+    for j, (dy16, x16, name, M, N) in enumerate(products + products[:1] * (2 - len(products))):
+        _adjacent_parameters(ctx, name, M, N)
+        args |= {f"a{j}_ptr": dy16, f"b{j}_ptr": x16, f"p{j}_ptr": ctx.param(name),
+                 f"h{j}_ptr": ctx.param(name, "w16")}
+        dims |= {f"M{j}": i32(M), f"N{j}": i32(N)}
+        if j < len(products):
+            tiles += cdiv(M, bm) * cdiv(N, bn)
+    cols = min(tu.gain_cols, next_pow2(D))
+    rows = tu.dw_rows or tu.rows
+    programs = tiles + cdiv(T, rows) + (cdiv(D, cols) if has_gain else 0)
+    args |= {"dy_ptr": dy, "x_ptr": x, "rstd_ptr": rstd, "g_ptr": g, "dx_ptr": dx, "dx16_ptr": dx16,
+             "dg_ptr": dg, "doorbell_ptr": ctx.doorbell(), "t_base": RunScalar("t_base", "i64")}
+    args |= dims | {"T": i32(T), "NPARAM": i32(ctx.N)}
+    num_warps, num_stages = warps_stages(ctx, bm, bn)
+    return triton_launch("plan.kernels.weight_grad", "weight_grad", (programs,), args,
+                         {"PRODUCTS": len(products), "HAS_GAIN": has_gain, "ACCUMULATE": accumulate,
+                          "DY_PARTS": tu.dn_splits, "D": D, **learner_constexprs(ctx.p),
+                          "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": tu.mm_block_k,
+                          "GROUP_M": GROUP_M,
+                          "BLOCK_R": rows, "BLOCK_D": next_pow2(D), "GAIN_ROWS": tu.gain_rows,
+                          "GAIN_COLS": cols},
+                         num_warps=num_warps, num_stages=num_stages, label=label)
+
+
+def _parts(ctx: Context) -> dict:
+    return {"SSQ_PARTS": ssq_parts(ctx.tu, ctx.T, ctx.D)}
+
+
+def matmul_rotary(ctx: Context, *, x, ssq, w, qkv, h16, rstd, label: str) -> Launch:
+    """qkv16 = bf(rotary(bf(rmsnorm(x)) @ bf(Wq|Wk|Wv)ᵀ)): the norm in the prologue (r from the
+    producer's partial sums of squares ssq; h16, rstd stored), rotary in the epilogue; column
+    tiles hold whole heads."""
     p = ctx.p
     return _tiled(ctx, "matmul_rotary",
-                  {"x_ptr": x, "w_ptr": w, "qkv_ptr": qkv, "rope_ptr": ctx.buf("rope"),
-                   "h16_ptr": h16, "rstd_ptr": rstd},
-                  {"ROTATED": p.heads + p.kv_heads, "HEAD_DIM": p.head_dim},
+                  {"x_ptr": x, "ssq_ptr": ssq, "w_ptr": w, "qkv_ptr": qkv,
+                   "rope_ptr": ctx.buf("rope"), "h16_ptr": h16, "rstd_ptr": rstd},
+                  _parts(ctx) | {"ROTATED": p.heads + p.kv_heads, "HEAD_DIM": p.head_dim},
                   ctx.T, ctx.W, ctx.D, label, heads=p.head_dim)
 
 
@@ -80,16 +160,9 @@ def matmul_delta(ctx: Context, *, dres16, wo, do, o32, delta, label: str) -> Lau
                   {"HEAD_DIM": p.head_dim}, ctx.T, p.q_width, ctx.D, label, heads=p.head_dim)
 
 
-def matmul_swiglu(ctx: Context, *, x, wg, wu, ab, z, h16, rstd, label: str) -> Launch:
-    """rmsnorm(x) in the prologue (h16, rstd stored), gate and up products, SwiGLU."""
+def matmul_swiglu(ctx: Context, *, x, ssq, wg, wu, ab, z, h16, rstd, label: str) -> Launch:
+    """rmsnorm(x) in the prologue (r from ssq; h16, rstd stored), gate and up products, SwiGLU."""
     return _tiled(ctx, "matmul_swiglu",
-                  {"x_ptr": x, "wg_ptr": wg, "wu_ptr": wu, "ab_ptr": ab, "z_ptr": z,
-                   "h16_ptr": h16, "rstd_ptr": rstd}, {}, ctx.T, ctx.F, ctx.D, label,
+                  {"x_ptr": x, "ssq_ptr": ssq, "wg_ptr": wg, "wu_ptr": wu, "ab_ptr": ab, "z_ptr": z,
+                   "h16_ptr": h16, "rstd_ptr": rstd}, _parts(ctx), ctx.T, ctx.F, ctx.D, label,
                   shape=(ctx.tu.mm_warps, ctx.tu.mm_stages))   # the tuning's shape whatever the tile
-
-
-def matmul_norm(ctx: Context, *, x, g, w, c, h16, rstd, label: str) -> Launch:
-    """logits = bf(rmsnorm(x)·g) @ bf(Whead)ᵀ (fp32), the norm in the prologue (h16, rstd stored)."""
-    return _tiled(ctx, "matmul_norm",
-                  {"x_ptr": x, "g_ptr": g, "w_ptr": w, "c_ptr": c, "h16_ptr": h16, "rstd_ptr": rstd},
-                  {}, ctx.T, ctx.V, ctx.D, label)

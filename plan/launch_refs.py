@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from plan.buffers import buffers, qkv_width
+from plan.buffers import (GAINS, STAGED_DOORBELL, STAGED_INPUTS, STAGED_TARGETS, buffers,
+                          qkv_width)
 from plan.launch_types import BufferRef, StagingRef
 from plan.tuning import tuning
 from staging import layout as SL
@@ -34,7 +35,7 @@ class Context:
         return BufferRef(name, offset, spec.dtype)
 
     def param(self, name: str, plane: str = "pmv", plane_index: int = 0) -> BufferRef:
-        """Parameter `name` in `plane`: "pmv" (plane_index 0 P, 1 M, 2 V), "grad" or "w16"."""
+        """Parameter `name` in `plane`: "pmv" (plane_index 0 P, 1 M, 2 V) or "w16"."""
         off = self.p.parameter(name).offset
         if plane == "pmv":
             off += plane_index * self.N
@@ -45,6 +46,27 @@ class Context:
         spec = self.bufs[name]
         per = spec.elements // spec.shape[0]
         return self.buf(name, index * per)
+
+    def doorbell(self) -> BufferRef:
+        """The issue's sequence number, as every kernel after the first one reads it: the device
+        copy the stage-in made (SPEC §7)."""
+        return BufferRef("staged", STAGED_DOORBELL, "u32")
+
+    def inputs(self) -> BufferRef:
+        """The issue's input token ids (T,) u32, the device copy."""
+        return BufferRef("staged", STAGED_INPUTS, "u32")
+
+    def targets(self) -> BufferRef:
+        """The issue's target token ids (T,) u32, the device copy."""
+        return BufferRef("staged", STAGED_TARGETS, "u32")
+
+    def gain_grad(self, name: str) -> BufferRef:
+        """The gradient of gain `name` ("g_embed", "g_final"), kept until embed_grad's update."""
+        return self.slab("dgain", GAINS.index(name))
+
+    def ssq(self, site: int) -> BufferRef:
+        """The partial sums of squares (parts, T) of norm site `site`'s residual (resid slab)."""
+        return self.slab("ssq", site)
 
     def rstd(self, site: int | None) -> BufferRef:
         """site None: the embed norm; else norm site s (2l attention, 2l+1 MLP, 2L final)."""
@@ -65,16 +87,13 @@ def loss_window(name: str) -> StagingRef:
 class LayerRefs:
     """Every buffer layer l touches.  Norm sites: 2l before attention, 2l+1 before the MLP."""
     prefix: str                 # "layers.{l}."
-    # weights as the matmuls read them (bf16 copies) and their gradients
+    # weights as the matmuls read them (bf16 copies); their parameters' names (AdamW updates them
+    # in the weight-gradient launches)
     wqkv: BufferRef             # Wq|Wk|Wv, adjacent in the P plane: (W, D)
     wo: BufferRef               # (D, H·d)
     wgate_up: BufferRef         # Wgate|Wup, adjacent: (2F, D)
     wup: BufferRef
     wdown: BufferRef            # (D, F)
-    dwqkv: BufferRef
-    dwo: BufferRef
-    dwgate_up: BufferRef
-    dwdown: BufferRef
     # activations the forward writes and the backward reads
     resid_attn: BufferRef       # residual entering the attention norm (T, D)
     resid_mlp: BufferRef        # residual after attention, entering the MLP norm
@@ -83,6 +102,9 @@ class LayerRefs:
     h16_mlp: BufferRef
     rstd_attn: BufferRef        # 1/rms per row (T,)
     rstd_mlp: BufferRef
+    ssq_attn: BufferRef         # per-row partial Σx² of resid_attn (parts, T), by its producer
+    ssq_mlp: BufferRef
+    ssq_out: BufferRef
     qkv16: BufferRef            # q'|k'|v after rotary (T, W) bf16
     o16: BufferRef              # attention output (T, H·d) bf16
     o32: BufferRef              # the same in fp32, for delta
@@ -93,6 +115,10 @@ class LayerRefs:
     def label(self, stage: str) -> str:
         return self.prefix + stage
 
+    def param(self, name: str) -> str:
+        """The parameter name of this layer's `name` ("wq", "wgate", ...)."""
+        return self.prefix + name
+
 
 def layer_refs(ctx: Context, layer: int) -> LayerRefs:
     L = f"layers.{layer}."
@@ -102,12 +128,11 @@ def layer_refs(ctx: Context, layer: int) -> LayerRefs:
         wqkv=ctx.param(L + "wq", "w16"), wo=ctx.param(L + "wo", "w16"),
         wgate_up=ctx.param(L + "wgate", "w16"), wup=ctx.param(L + "wup", "w16"),
         wdown=ctx.param(L + "wdown", "w16"),
-        dwqkv=ctx.param(L + "wq", "grad"), dwo=ctx.param(L + "wo", "grad"),
-        dwgate_up=ctx.param(L + "wgate", "grad"), dwdown=ctx.param(L + "wdown", "grad"),
         resid_attn=ctx.slab("resid", s_attn), resid_mlp=ctx.slab("resid", s_mlp),
         resid_out=ctx.slab("resid", s_mlp + 1),
         h16_attn=ctx.slab("h16", s_attn), h16_mlp=ctx.slab("h16", s_mlp),
         rstd_attn=ctx.rstd(s_attn), rstd_mlp=ctx.rstd(s_mlp),
+        ssq_attn=ctx.ssq(s_attn), ssq_mlp=ctx.ssq(s_mlp), ssq_out=ctx.ssq(s_mlp + 1),
         qkv16=ctx.slab("qkv16", layer), o16=ctx.slab("o16", layer), o32=ctx.slab("o32", layer),
         lse=ctx.slab("lse", layer), ab=ctx.slab("ab", layer), z16=ctx.slab("z16", layer))
 
@@ -116,22 +141,28 @@ def layer_refs(ctx: Context, layer: int) -> LayerRefs:
 class GradRefs:
     """The backward's gradient scratch, one buffer each, shared by every layer."""
     dlogits16: BufferRef        # bf((softmax − onehot)/T) (T, V)
-    dn: BufferRef               # gradient at a norm output (T, D) fp32
+    dn: BufferRef               # gradient at a norm output (splits, T, D) fp32: split-K partials
     dres: BufferRef             # residual-stream gradient (T, D) fp32
-    dres16: BufferRef           # bf(dres)
+    # bf(dres) in two slabs used in turn: a weight-gradient launch reads one (dWdown, dWo) while
+    # its norm rows write the other
+    dres16: tuple[BufferRef, BufferRef]
     dab16: BufferRef            # bf(da) | bf(db) (T, 2F)
     do32: BufferRef             # gradient at the attention output (T, H·d)
     delta: BufferRef            # rowsum(do·o) per head (H, T)
     dqkv16: BufferRef           # bf(dq|dk|dv) after rotary_backward (T, W)
+    kv_part: BufferRef          # attention_bwd's partial dk' | dv per chunk slot
+    ds16: BufferRef             # bf(ds)ᵀ per head (H, T, T)
     de: BufferRef               # gradient at the gathered embedding rows (T, D)
     # pointers the kernels take but, with these flags, never read: they stay what the
     # compiled specializations were built for
     no_aux: BufferRef           # matmul aux under EPI_F32
     no_gain: BufferRef          # rmsnorm_bwd g under HAS_GAIN=False
+    no_dg: BufferRef            # weight_grad dg without a gain
 
 
 def grad_refs(ctx: Context) -> GradRefs:
     return GradRefs(dlogits16=ctx.buf("dlogits16"), dn=ctx.buf("dn"), dres=ctx.buf("dres"),
-                    dres16=ctx.buf("dres16"), dab16=ctx.buf("dab16"), do32=ctx.buf("do32"),
-                    delta=ctx.buf("delta"), dqkv16=ctx.buf("dqkv16"), de=ctx.buf("de"),
-                    no_aux=ctx.buf("dn"), no_gain=ctx.param("g_final"))
+                    dres16=(ctx.slab("dres16", 0), ctx.slab("dres16", 1)), dab16=ctx.buf("dab16"),
+                    do32=ctx.buf("do32"), delta=ctx.buf("delta"), dqkv16=ctx.buf("dqkv16"),
+                    kv_part=ctx.buf("attn_kv_part"), ds16=ctx.buf("ds16"), de=ctx.buf("de"),
+                    no_aux=ctx.buf("dn"), no_gain=ctx.param("g_final"), no_dg=ctx.buf("dgain"))

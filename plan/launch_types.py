@@ -17,6 +17,9 @@ from plan.buffers import DTYPE_BYTES
 POINTER_ALIGN = 16          # bytes: pointer arguments specialized as 16-byte aligned when they are
 INT_DIVISOR = 16            # integer arguments specialized as multiples of 16 when they are
 RELEASE = "release"         # the hand-written PTX kernel (plan/kernels/release.ptx)
+STAGE_IN = "release_stage_in"   # a submission's first launch (plan/kernels/release_stage_in.ptx)
+HAND_WRITTEN = (RELEASE, STAGE_IN)      # written in PTX by hand: no Triton source, emulated by
+#                                         the interpret backend and the fake driver
 
 
 def cdiv(a: int, b: int) -> int:

@@ -1,6 +1,9 @@
 """The three submissions' launch lists as data (SPEC §6–§7): the model, stage by stage, layer by layer.
 
-Every submission is release(pre-launch slot), its kernels, release(final slot).  Each stage names
+Every submission is release_stage_in (the issue's input record and doorbell copied from staging
+into device memory, and the pre-launch semaphore record), its kernels, release (final slot); no
+launch after the first reads staging (SPEC §7: mapped host memory is read once per issue).
+Each stage names
 the buffers it reads and writes (plan/launch_refs.py: `ly.resid_attn`, `g.dres16`) and calls one
 builder per launch (plan/launch_matmul.py, plan/launch_builders.py) with them by keyword.
 The argument kinds and `Launch` live in plan/launch_types.py, the meta-parameters in
@@ -15,12 +18,13 @@ from plan import profiles as _profiles
 from plan.buffers import DTYPE_BYTES, buffers, norm_points
 from plan.kernels import meta
 from plan.launch_refs import Context, GradRefs, LayerRefs, grad_refs, layer_refs, loss_window, staging
-from plan.launch_types import (INT_DIVISOR, POINTER_ALIGN, RELEASE, Arg, BufferRef, Launch,
+from plan.launch_types import (HAND_WRITTEN, INT_DIVISOR, POINTER_ALIGN, RELEASE, STAGE_IN, Arg,
+                               BufferRef, Launch,
                                RunScalar, Scalar, StagingRef, Submission, entry_name, specialization)
 from plan.tuning import H200, INTERPRETER, TUNING, Tuning, tuning
 from staging import layout as SL
 
-EPI_F32, EPI_RESIDUAL, EPI_SWIGLU_BWD = meta.EPI_F32, meta.EPI_RESIDUAL, meta.EPI_SWIGLU_BWD
+EPI_SWIGLU_BWD = meta.EPI_SWIGLU_BWD
 
 
 # ---------------------------------------------------------------- forward
@@ -28,115 +32,119 @@ EPI_F32, EPI_RESIDUAL, EPI_SWIGLU_BWD = meta.EPI_F32, meta.EPI_RESIDUAL, meta.EP
 def _layer_forward(ctx: Context, ly: LayerRefs) -> list[Launch]:
     T, D, F, Hd = ctx.T, ctx.D, ctx.F, ctx.p.q_width
     return [
-        MM.matmul_rotary(ctx, x=ly.resid_attn, w=ly.wqkv, qkv=ly.qkv16, h16=ly.h16_attn,
-                         rstd=ly.rstd_attn, label=ly.label("norm+qkv+rotary")),
-        B.attention_fwd(ctx, qkv=ly.qkv16, o16=ly.o16, o32=ly.o32, lse=ly.lse,
-                        label=ly.label("attention")),
-        MM.matmul(ctx, a=ly.o16, b=ly.wo, c=ly.resid_mlp, aux=ly.resid_attn, M=T, N=D, K=Hd,
-                  b_transposed=True, epilogue=EPI_RESIDUAL, label=ly.label("out_proj")),
-        MM.matmul_swiglu(ctx, x=ly.resid_mlp, wg=ly.wgate_up, wu=ly.wup, ab=ly.ab, z=ly.z16,
-                         h16=ly.h16_mlp, rstd=ly.rstd_mlp, label=ly.label("mlp.norm+swiglu")),
-        MM.matmul(ctx, a=ly.z16, b=ly.wdown, c=ly.resid_out, aux=ly.resid_mlp, M=T, N=D, K=F,
-                  b_transposed=True, epilogue=EPI_RESIDUAL, label=ly.label("mlp.down")),
+        MM.matmul_rotary(ctx, x=ly.resid_attn, ssq=ly.ssq_attn, w=ly.wqkv, qkv=ly.qkv16,
+                         h16=ly.h16_attn, rstd=ly.rstd_attn, label=ly.label("norm+qkv+rotary")),
+        B.attention_fwd(ctx, qkv=ly.qkv16, o_part=ctx.buf("attn_o_part"),
+                        ml_part=ctx.buf("attn_ml_part"), label=ly.label("attention")),
+        B.attention_fwd_merge(ctx, o_part=ctx.buf("attn_o_part"), ml_part=ctx.buf("attn_ml_part"),
+                              o16=ly.o16, o32=ly.o32, lse=ly.lse, label=ly.label("attention.merge")),
+        MM.matmul_residual(ctx, a=ly.o16, b=ly.wo, x=ly.resid_attn, out=ly.resid_mlp,
+                           ssq=ly.ssq_mlp, M=T, N=D, K=Hd, label=ly.label("out_proj")),
+        MM.matmul_swiglu(ctx, x=ly.resid_mlp, ssq=ly.ssq_mlp, wg=ly.wgate_up, wu=ly.wup, ab=ly.ab,
+                         z=ly.z16, h16=ly.h16_mlp, rstd=ly.rstd_mlp,
+                         label=ly.label("mlp.norm+swiglu")),
+        MM.matmul_residual(ctx, a=ly.z16, b=ly.wdown, x=ly.resid_mlp, out=ly.resid_out,
+                           ssq=ly.ssq_out, M=T, N=D, K=F, label=ly.label("mlp.down")),
     ]
 
 
 def forward(ctx: Context) -> list[Launch]:
     """embed, the layers, final norm + head: the logits of every row."""
     last = norm_points(ctx.p) - 1
-    out = [B.embed_fwd(ctx, ids=staging("INPUTS", "u32"), table=ctx.param("embed"),
+    out = [B.embed_fwd(ctx, ids=ctx.inputs(), table=ctx.param("embed"),
                        g=ctx.param("g_embed"), emb=ctx.buf("emb"), rstd=ctx.rstd(None),
-                       x=ctx.slab("resid", 0), rope=ctx.buf("rope"), next_row=ctx.buf("next_row"),
+                       x=ctx.slab("resid", 0), ssq=ctx.ssq(0), rope=ctx.buf("rope"),
+                       next_row=ctx.buf("next_row"),
                        label="embed")]
     for layer in range(ctx.p.layers):
         out += _layer_forward(ctx, layer_refs(ctx, layer))
-    out.append(MM.matmul_norm(ctx, x=ctx.slab("resid", last), g=ctx.param("g_final"),
-                              w=ctx.param("head", "w16"), c=ctx.buf("logits"),
-                              h16=ctx.slab("h16", last), rstd=ctx.rstd(last), label="final_norm+head"))
+    # the final norm once (a row launch), then the head on its bf16 output: the head's 96
+    # column tiles would each re-read the fp32 rows in a fused prologue
+    hf16 = ctx.slab("h16", last)
+    out.append(B.final_norm(ctx, x=ctx.slab("resid", last), g=ctx.param("g_final"), h16=hf16,
+                            rstd=ctx.rstd(last), label="final_norm"))
+    out.append(MM.matmul(ctx, a=hf16, b=ctx.param("head", "w16"), c=ctx.buf("logits"),
+                         aux=ctx.buf("logits"), M=ctx.T, N=ctx.V, K=ctx.D, b_transposed=True,
+                         epilogue=meta.EPI_F32, label="head"))
     return out
 
 
 # ---------------------------------------------------------------- backward
-
-def _linear_backward(ctx: Context, g: GradRefs, *, dy16, x16, w16, dw, out_features: int,
-                     in_features: int, labels: tuple[str, str]) -> list[Launch]:
-    """llm.c's matmul_backward of y = x @ Wᵀ, W (out, in): dW = dyᵀ @ x (the weight gradient),
-    then dn = dy @ W (the gradient at the norm output x came from), both fp32."""
-    T = ctx.T
-    return [
-        MM.matmul(ctx, a=dy16, b=x16, c=dw, aux=g.no_aux, M=out_features, N=in_features, K=T,
-                  a_transposed=True, epilogue=EPI_F32, label=labels[0]),
-        MM.matmul(ctx, a=dy16, b=w16, c=g.dn, aux=g.no_aux, M=T, N=in_features, K=out_features,
-                  epilogue=EPI_F32, label=labels[1]),
-    ]
-
-
-def _norm_backward(ctx: Context, g: GradRefs, *, x, rstd, label: str) -> Launch:
-    """dres += rmsnorm_backward(dn) of a gain-free norm site, and dres16 = bf(dres)."""
-    return B.rmsnorm_bwd(ctx, dy=g.dn, x=x, rstd=rstd, g=g.no_gain, dx=g.dres, dx16=g.dres16,
-                         has_gain=False, accumulate=True, write_bf16=True, label=label)
-
+#
+# llm.c's matmul_backward pair per linear layer, split: the data gradient dn = dy @ W first (it
+# reads the old bf16 weight), then one weight-gradient launch per layer half with AdamW in its
+# epilogues (plan/kernels/weight_grad.py) beside the norm backward that sums dn's split-K
+# partials.  The two bf(dres) slabs alternate: a weight-gradient launch reads one (dWdown, dWo)
+# while its norm rows write the other.
 
 def _loss_and_head_backward(ctx: Context, g: GradRefs) -> list[Launch]:
     last = norm_points(ctx.p) - 1
     x_final, h16_final, rstd_final = ctx.slab("resid", last), ctx.slab("h16", last), ctx.rstd(last)
     return [
-        B.cross_entropy(ctx, logits=ctx.buf("logits"), targets=staging("TARGETS", "u32"),
+        B.cross_entropy(ctx, logits=ctx.buf("logits"), targets=ctx.targets(),
                         loss=staging("LOSS_RECORD"), w0=loss_window("W0_LAST_CE"),
                         dlogits=g.dlogits16, label="cross_entropy"),
-        *_linear_backward(ctx, g, dy16=g.dlogits16, x16=h16_final, w16=ctx.param("head", "w16"),
-                          dw=ctx.param("head", "grad"), out_features=ctx.V, in_features=ctx.D,
-                          labels=("head_backward.dW", "head_backward.dx")),
-        B.rmsnorm_bwd_gain(ctx, dy=g.dn, x=x_final, rstd=rstd_final, g=ctx.param("g_final"),
-                           dx=g.dres, dx16=g.dres16, dg=ctx.param("g_final", "grad"),
-                           write_bf16=True, label="final_norm_backward+dg"),
+        MM.matmul_into_norm(ctx, a=g.dlogits16, b=ctx.param("head", "w16"), dn=g.dn, M=ctx.T,
+                            N=ctx.D, K=ctx.V, label="head_backward.dx"),
+        MM.weight_grad(ctx, products=[(g.dlogits16, h16_final, "head", ctx.V, ctx.D)],
+                       dy=g.dn, x=x_final,
+                       rstd=rstd_final, g=ctx.param("g_final"), dx=g.dres, dx16=g.dres16[0],
+                       dg=ctx.gain_grad("g_final"), has_gain=True, accumulate=False,
+                       label="head_backward.dW+adamw+final_norm_backward"),
     ]
 
 
 def _mlp_backward(ctx: Context, ly: LayerRefs, g: GradRefs) -> list[Launch]:
     T, D, F = ctx.T, ctx.D, ctx.F
+    dres16, dres16_next = g.dres16
     return [
-        MM.matmul(ctx, a=g.dres16, b=ly.z16, c=ly.dwdown, aux=g.no_aux, M=D, N=F, K=T,
-                  a_transposed=True, epilogue=EPI_F32, label=ly.label("mlp_backward.dWdown")),
-        MM.matmul(ctx, a=g.dres16, b=ly.wdown, c=g.dab16, aux=ly.ab, M=T, N=F, K=D,
+        MM.matmul(ctx, a=dres16, b=ly.wdown, c=g.dab16, aux=ly.ab, M=T, N=F, K=D,
                   epilogue=EPI_SWIGLU_BWD, label=ly.label("mlp_backward.swiglu")),
-        *_linear_backward(ctx, g, dy16=g.dab16, x16=ly.h16_mlp, w16=ly.wgate_up, dw=ly.dwgate_up,
-                          out_features=2 * F, in_features=D,
-                          labels=(ly.label("mlp_backward.dWgate_up"), ly.label("mlp_backward.dh"))),
-        _norm_backward(ctx, g, x=ly.resid_mlp, rstd=ly.rstd_mlp, label=ly.label("mlp_backward.norm")),
+        MM.matmul_into_norm(ctx, a=g.dab16, b=ly.wgate_up, dn=g.dn, M=T, N=D, K=2 * F,
+                            label=ly.label("mlp_backward.dh")),
+        MM.weight_grad(ctx, products=[(dres16, ly.z16, ly.param("wdown"), D, F),
+                                      (g.dab16, ly.h16_mlp, ly.param("wgate"), 2 * F, D)],
+                       dy=g.dn, x=ly.resid_mlp, rstd=ly.rstd_mlp, g=g.no_gain, dx=g.dres,
+                       dx16=dres16_next, dg=g.no_dg, has_gain=False, accumulate=True,
+                       label=ly.label("mlp_backward.dW+adamw+norm")),
     ]
 
 
 def _attention_backward(ctx: Context, ly: LayerRefs, g: GradRefs) -> list[Launch]:
-    T, D, Hd = ctx.T, ctx.D, ctx.p.q_width
+    D, W = ctx.D, ctx.W
+    dres16_next, dres16 = g.dres16
     return [
-        MM.matmul(ctx, a=g.dres16, b=ly.o16, c=ly.dwo, aux=g.no_aux, M=D, N=Hd, K=T,
-                  a_transposed=True, epilogue=EPI_F32, label=ly.label("out_proj_backward.dWo")),
-        MM.matmul_delta(ctx, dres16=g.dres16, wo=ly.wo, do=g.do32, o32=ly.o32, delta=g.delta,
+        MM.matmul_delta(ctx, dres16=dres16, wo=ly.wo, do=g.do32, o32=ly.o32, delta=g.delta,
                         label=ly.label("out_proj_backward.do+delta")),
         B.attention_bwd(ctx, qkv=ly.qkv16, do=g.do32, lse=ly.lse, delta=g.delta,
-                        rope=ctx.buf("rope"), dqkv=g.dqkv16, label=ly.label("attention_backward")),
-        *_linear_backward(ctx, g, dy16=g.dqkv16, x16=ly.h16_attn, w16=ly.wqkv, dw=ly.dwqkv,
-                          out_features=ctx.W, in_features=D,
-                          labels=(ly.label("qkv_backward.dW"), ly.label("qkv_backward.dh"))),
-        _norm_backward(ctx, g, x=ly.resid_attn, rstd=ly.rstd_attn, label=ly.label("qkv_backward.norm")),
+                        kv_part=g.kv_part, ds=g.ds16, label=ly.label("attention_backward")),
+        B.attention_bwd_dq(ctx, qkv=ly.qkv16, ds=g.ds16, kv_part=g.kv_part, rope=ctx.buf("rope"),
+                           dqkv=g.dqkv16, label=ly.label("attention_backward.dq+merge")),
+        MM.matmul_into_norm(ctx, a=g.dqkv16, b=ly.wqkv, dn=g.dn, M=ctx.T, N=D, K=W,
+                            label=ly.label("qkv_backward.dh")),
+        MM.weight_grad(ctx, products=[(dres16, ly.o16, ly.param("wo"), D, ctx.p.q_width),
+                                      (g.dqkv16, ly.h16_attn, ly.param("wq"), W, D)],
+                       dy=g.dn, x=ly.resid_attn, rstd=ly.rstd_attn, g=g.no_gain, dx=g.dres,
+                       dx16=dres16_next, dg=g.no_dg, has_gain=False, accumulate=True,
+                       label=ly.label("attention_backward.dW+adamw+norm")),
     ]
 
 
 def _embed_backward(ctx: Context, g: GradRefs) -> list[Launch]:
     return [
         B.rmsnorm_bwd_gain(ctx, dy=g.dres, x=ctx.buf("emb"), rstd=ctx.rstd(None),
-                           g=ctx.param("g_embed"), dx=g.de, dx16=g.de, dg=ctx.param("g_embed", "grad"),
+                           g=ctx.param("g_embed"), dx=g.de, dx16=g.de, dg=ctx.gain_grad("g_embed"),
                            write_bf16=False, label="embed_backward.norm+dg"),
-        # the next-row links were written by embed_fwd (forward, same submission)
-        B.embed_grad(ctx, ids=staging("INPUTS", "u32"), next_row=ctx.buf("next_row"), de=g.de,
-                     de_table=ctx.param("embed", "grad"), w1=loss_window("W1_EMBED_GRAD"),
-                     label="embed_backward.dE+w1"),
+        # the next-row links were written by embed_fwd (forward, same submission); E's and the
+        # gains' AdamW run here, after the last launch that reads them (embed_fwd, the norms)
+        B.embed_grad(ctx, ids=ctx.inputs(), next_row=ctx.buf("next_row"), de=g.de,
+                     w1=loss_window("W1_EMBED_GRAD"), label="embed_backward.dE+adamw+w1"),
     ]
 
 
 def backward(ctx: Context) -> list[Launch]:
-    """cross-entropy, head and final norm, the layers in reverse (MLP, then attention), embed."""
+    """cross-entropy, head and final norm, the layers in reverse (MLP, then attention), embed;
+    AdamW inside the weight-gradient launches and embed_grad."""
     g = grad_refs(ctx)
     out = _loss_and_head_backward(ctx, g)
     for layer in reversed(range(ctx.p.layers)):
@@ -166,9 +174,7 @@ def _bodies(ctx: Context) -> tuple[list[Launch], list[Launch], list[Launch]]:
     first = ([refresh] + forward(ctx)
              + _records(ctx, rows, SL.record_forward_offset(p), "record_forward_offset")
              + [_predictions(ctx)])
-    update = forward(ctx) + backward(ctx) + [
-        B.adamw(ctx, pmv=ctx.buf("pmv"), grad=ctx.buf("grad"), w16=ctx.buf("w16"),
-                doorbell=staging("DOORBELL", "u32"), label="adamw")]
+    update = forward(ctx) + backward(ctx)
     final = (forward(ctx)
              + _records(ctx, rows[-1:], SL.record_final_offset(p), "record_final_offset")
              + [_predictions(ctx),
@@ -183,9 +189,9 @@ def submissions(profile) -> tuple[Submission, Submission, Submission]:
     """(forward, update, final) for a profile (SPEC §7)."""
     SL.check_layout(profile)
     out = []
-    for index, body in enumerate(_bodies(Context(profile))):
-        launches = ([B.release(index, SL.SLOT_PRELAUNCH_RELEASE)] + body
-                    + [B.release(index, SL.SLOT_FINAL_RELEASE)])
+    ctx = Context(profile)
+    for index, body in enumerate(_bodies(ctx)):
+        launches = [B.release_stage_in(ctx, index)] + body + [B.release(ctx, index)]
         out.append(Submission(index, SL.SUBMISSIONS[index], tuple(launches)))
     return tuple(out)
 
@@ -201,4 +207,5 @@ def kernels(profile) -> dict[str, Launch]:
 
 __all__ = ["BufferRef", "StagingRef", "Scalar", "RunScalar", "Arg", "Launch", "Submission", "buffers",
            "submissions", "kernels", "specialization", "entry_name", "tuning", "Tuning", "H200",
-           "INTERPRETER", "TUNING", "RELEASE", "POINTER_ALIGN", "INT_DIVISOR"]
+           "INTERPRETER", "TUNING", "RELEASE", "STAGE_IN", "HAND_WRITTEN", "POINTER_ALIGN",
+           "INT_DIVISOR"]

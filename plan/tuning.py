@@ -1,13 +1,19 @@
 """Meta-parameters per profile: matmul tiles, rows per program, warps and stages of every launch.
 
 They change how the work is split into programs, never what any element computes: every
-reduction keeps its fixed order whatever the tile.  Plain data: no Triton.
+reduction keeps its fixed order whatever the tile (split-K partials are summed in split order by
+their consumer).  Plain data: no Triton.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 GROUP_M = 8                 # matmul row tiles that share their B tiles in L2 (grouped ordering)
+
+
+def cdiv(a: int, b: int) -> int:
+    """⌈a / b⌉ for a ≥ 0, b > 0 (triton.cdiv, without importing Triton)."""
+    return (a + b - 1) // b
 
 
 @dataclass(frozen=True)
@@ -24,33 +30,77 @@ class Tuning:
     attn_m: int
     attn_n: int
     attn_warps: int
+    attn_fwd_chunk: int                          # kv blocks per attention_fwd program (a split)
+    attn_bwd_chunk: int                          # (query head, query block) trips per dK/dV program
     ce_rows: int
     ce_warps: int
     adamw_block: int
     adamw_warps: int
     vocab_block: int                             # embed_grad vocabulary rows per program
+    vocab_warps: int                             # embed_grad warps (its AdamW holds 4 tiles)
     gain_cols: int
     gain_rows: int
     copy_block: int = 1024
     swiglu_bwd_tiles: tuple[tuple[int, int], ...] = ()   # SwiGLU-backward tiles ((): mm_tiles)
+    dw_tile: tuple[int, int] = (128, 128)        # weight-gradient tiles (AdamW in the epilogue)
+    dn_splits: int = 1                           # K splits of the products into a norm backward
+    dw_rows: int = 0                             # norm rows per program beside dW tiles (0: rows)
 
 
 H200 = Tuning(mm_tiles=((128, 128), (128, 64), (64, 64)), mm_min_programs=120, mm_block_k=64,
               mm_warps=8, mm_stages=3, rows=4, rows_warps=4, attn_m=64, attn_n=64, attn_warps=4,
+              # attention split (docs/PERFORMANCE.md, issue 14): ≤ 4 kv blocks per forward program
+              # (320 programs ≤ 528 slots at 4 per SM), ≤ 5 trips per dK/dV program (244 ≤ 264)
+              attn_fwd_chunk=4, attn_bwd_chunk=5,
               ce_rows=1, ce_warps=16, adamw_block=2048, adamw_warps=8, vocab_block=16,
-              gain_cols=32, gain_rows=64,
+              vocab_warps=8,
+              # 128 rows per gain-column trip: 8 unprefetched trips on its chain instead of 16
+              gain_cols=32, gain_rows=128,
               # 128×128 spilled 360 B (ptxas -v: 255 registers, the epilogue holds dz, a, b, σ);
-              # 128×64 keeps it in registers
-              swiglu_bwd_tiles=((128, 64), (64, 64)))
+              # 128×64 with the epilogue in column halves takes 126: 2 blocks per SM
+              swiglu_bwd_tiles=((128, 64), (64, 64)),
+              # the AdamW epilogue, in two column halves, holds the tile's g and half-tiles of p, m,
+              # v: 226 registers at 128×128, no spill (1 block/SM; 128×64 takes 128 but moves 25 %
+              # more L2 bytes per element)
+              dw_tile=(128, 128),
+              # N = 512 products into a norm backward: 32 tiles of 128×128 × 4 K ranges = 128
+              # programs at 4× the FLOP per byte of the 64×64 tiles that reach 128 without a split
+              dn_splits=4)
 # tiny keeps GPU-valid shapes (≤ 128 KiB shared memory: sm_80's 163 KiB and sm_90's 227 KiB hold
 # it) while the interpreter sees few programs: 128×128×128 matmul tiles, one stage.
 INTERPRETER = Tuning(mm_tiles=((128, 128),), mm_min_programs=1, mm_block_k=128, mm_warps=8,
                      mm_stages=1, rows=128, rows_warps=8, attn_m=128, attn_n=128, attn_warps=8,
+                     # the longer half of the rows in two chunks: the split and the merges run in
+                     # the whole-plan interpreter tests for a few programs more (48 + 24 vs 32 + 16)
+                     attn_fwd_chunk=4, attn_bwd_chunk=8,
                      ce_rows=32, ce_warps=8, adamw_block=16384, adamw_warps=8, vocab_block=64,
-                     gain_cols=128, gain_rows=128)
+                     vocab_warps=8, gain_cols=128, gain_rows=128, dw_tile=(128, 128), dn_splits=1,
+                     # 128 norm rows beside the dW path spilled 44–72 B (ptxas -v); 64 do not
+                     dw_rows=64)
 TUNING = {"coppelius": H200, "tiny": INTERPRETER}
 
 
 def tuning(profile) -> Tuning:
     """The profile's meta-parameters (H200's for a profile without its own)."""
     return TUNING.get(profile.name, H200)
+
+
+def ssq_parts(tu: Tuning, T: int, D: int) -> int:
+    """Partial sums of squares per residual row: one per column tile of the T × D residual
+    products (out_proj, mlp down, plan/launch_matmul.matmul_residual), as their tile rule
+    chooses it; embed_fwd writes as many."""
+    return cdiv(D, choose_tile(tu, T, D)[1])
+
+
+def choose_tile(tu: Tuning, M: int, N: int, tiles=None, heads: int = 1) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, programs): the first candidate with enough programs; `heads` > 1
+    keeps only tiles whose columns hold whole heads (fused per-head epilogues)."""
+    fits = [(bm, bn) for bm, bn in (tiles or tu.mm_tiles) if bn % heads == 0]
+    if not fits:
+        raise ValueError(f"no matmul tile holds whole heads of {heads} columns; "
+                         f"hint: add a tile with BLOCK_N a multiple of {heads} to the tuning")
+    for bm, bn in fits:
+        programs = cdiv(M, bm) * cdiv(N, bn)
+        if programs >= tu.mm_min_programs:
+            break
+    return bm, bn, programs

@@ -7,11 +7,14 @@ millisecond of reading); `validate_run` scans just the ids the run will use, in 
 """
 from __future__ import annotations
 
+import errno
 import os
 import pathlib
+import stat
 
 import numpy as np
 
+from . import paths
 from .errors import UserError
 
 HEADER_BYTES = 16
@@ -25,21 +28,28 @@ class TokenCacheRefused(UserError):
     """A token cache that cannot feed this run (size, length, id range, stale header)."""
 
 
+_OPEN_HINTS = {errno.ENOENT: "make one with `coppelius tokenize SOURCE -o CACHE`",
+               "not regular": "name a token cache file (`coppelius tokenize SOURCE -o CACHE`)"}
+
+
 def source_files(sources) -> list[pathlib.Path]:
-    """Expand files and directories (recursively, sorted; hidden entries and __pycache__ skipped)."""
+    """Expand files and directories (recursively, sorted; hidden entries and __pycache__ skipped).
+    A named source that cannot be stat'ed, or is neither a regular file nor a directory, is
+    refused in one line naming it and the errno."""
     files: list[pathlib.Path] = []
     for src in sources:
         src = pathlib.Path(src)
-        if src.is_dir():
+        st = paths.stat_path(src, "source", TokenCacheRefused)
+        if stat.S_ISDIR(st.st_mode):
             for root, dirs, names in os.walk(src):
                 dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d != "__pycache__")
                 files.extend(pathlib.Path(root, n) for n in sorted(names)
                              if not n.startswith(".") and os.path.isfile(os.path.join(root, n)))
-        elif src.is_file():
+        elif stat.S_ISREG(st.st_mode):
             files.append(src)
         else:
-            raise TokenCacheRefused(f"source {src} does not exist or is not a file or directory",
-                                    "check the path")
+            raise paths.not_regular("source", src, st.st_mode, TokenCacheRefused,
+                                    "name text files or directories")
     return files
 
 
@@ -47,7 +57,7 @@ def source_fingerprint(sources) -> tuple[int, int]:
     """(newest mtime in ns, total size in bytes) over the sources' files: the cache header."""
     newest, total = 0, 0
     for f in source_files(sources):
-        st = f.stat()
+        st = paths.stat_path(f, "source", TokenCacheRefused)
         newest = max(newest, st.st_mtime_ns)
         total += st.st_size
     return newest, total
@@ -69,25 +79,31 @@ class TokenCache:
 
     @classmethod
     def open(cls, path, profile) -> "TokenCache":
+        """Open without blocking (a FIFO is refused, not waited on), check the size, map the ids.
+        Every OSError is a one-line refusal naming the path and the errno."""
         path = pathlib.Path(path)
-        try:
-            size = path.stat().st_size
-        except FileNotFoundError:
-            raise TokenCacheRefused(f"token cache {path} does not exist",
-                                    "make one with `coppelius tokenize SOURCE -o CACHE`") from None
-        if not path.is_file():
-            raise TokenCacheRefused(f"token cache {path} is not a regular file", "check the path")
-        if size < HEADER_BYTES or (size - HEADER_BYTES) % TOKEN_BYTES:
-            raise TokenCacheRefused(
-                f"token cache {path}: size {size} is not 16 + 4k bytes "
-                f"({(size - HEADER_BYTES) % TOKEN_BYTES if size >= HEADER_BYTES else size} "
-                f"stray bytes; a 16-byte header then u32 ids)",
-                "the file is truncated or not a token cache; re-run `coppelius tokenize`")
-        with open(path, "rb") as f:
-            head = np.frombuffer(f.read(HEADER_BYTES), HEADER_DTYPE)[0]
-        n = (size - HEADER_BYTES) // TOKEN_BYTES
-        tokens = (np.memmap(path, TOKEN_DTYPE, "r", offset=HEADER_BYTES, shape=(n,)) if n
-                  else np.zeros(0, TOKEN_DTYPE))
+        fd, st = paths.open_regular(path, "token cache", TokenCacheRefused, _OPEN_HINTS)
+        with open(fd, "rb", closefd=True) as f:
+            size = st.st_size
+            if size < HEADER_BYTES or (size - HEADER_BYTES) % TOKEN_BYTES:
+                raise TokenCacheRefused(
+                    f"token cache {path}: size {size} is not 16 + 4k bytes "
+                    f"({(size - HEADER_BYTES) % TOKEN_BYTES if size >= HEADER_BYTES else size} "
+                    f"stray bytes; a 16-byte header then u32 ids)",
+                    "the file is truncated or not a token cache; re-run `coppelius tokenize`")
+            n = (size - HEADER_BYTES) // TOKEN_BYTES
+            with paths.refusing("token cache", path, "read", TokenCacheRefused):
+                raw = os.pread(fd, HEADER_BYTES, 0)
+                try:
+                    tokens = (np.memmap(f, TOKEN_DTYPE, "r", offset=HEADER_BYTES, shape=(n,))
+                              if n else np.zeros(0, TOKEN_DTYPE))
+                except ValueError:              # mmap: the file shrank since fstat
+                    raw = b""
+            if len(raw) < HEADER_BYTES:
+                raise TokenCacheRefused(f"token cache {path} shrank while being opened "
+                                        f"(fstat said {size} bytes)",
+                                        "another process is writing it; retry when it is done")
+        head = np.frombuffer(raw, HEADER_DTYPE)[0]
         return cls(path, profile, tokens, int(head["mtime_ns"]), int(head["size"]))
 
     # ---- shape ----

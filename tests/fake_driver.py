@@ -2,10 +2,12 @@
 
 Device memory is host memory (so copies are real); the mapped staging region's device address is
 its host address plus DEVICE_ALIAS, so a wrong pointer is caught.  Launches are recorded; a graph
-launch replays them, executing only the release kernel (doorbell → semaphore record), which is all
-the run loop needs to observe fences.  Every call returns `(CUresult, *values)` like the bindings.
-Modules load through cuModuleLoadDataEx with JIT logs written into the caller's buffers; a device's
-opt-in shared memory, per-function attributes, JIT refusals and a hung stream are configurable.
+launch replays them, executing only the hand-written kernels — release (doorbell → semaphore
+record) and release_stage_in (the input record and doorbell into device memory, then the
+pre-launch record) — which is all the run loop needs to observe fences.  Every call returns
+`(CUresult, *values)` like the bindings.  Modules load through cuModuleLoadDataEx with JIT logs
+written into the caller's buffers; a device's opt-in shared memory, per-function attributes, JIT
+refusals and a hung stream are configurable.
 """
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ import enum
 import re
 import time
 from types import SimpleNamespace
+
+from staging import layout as SL
 
 DEVICE_ALIAS = 0x7000_0000_0000        # mapped memory's device address = host address + this
 
@@ -213,11 +217,16 @@ class FakeDriver:
         self.launch_log.append(record)
 
         def run():
-            if f == "release":
-                ptrs = (ctypes.c_void_p * 2).from_address(record[4])
-                doorbell = ctypes.c_uint64.from_address(ptrs[0]).value
-                slot = ctypes.c_uint64.from_address(ptrs[1]).value
+            if f in ("release", "release_stage_in"):
+                n = 4 if f == "release_stage_in" else 2
+                ptrs = (ctypes.c_void_p * n).from_address(record[4])
+                doorbell, slot = (ctypes.c_uint64.from_address(ptrs[i]).value for i in range(2))
                 seq = ctypes.c_uint32.from_address(self.to_host(doorbell)).value
+                if f == "release_stage_in":           # 8 KiB record, then the doorbell
+                    src, dst = (ctypes.c_uint64.from_address(ptrs[i]).value for i in (2, 3))
+                    ctypes.memmove(self.to_host(dst), self.to_host(src), SL.INPUT_RECORD_BYTES)
+                    doorbell_copy = self.to_host(dst) + SL.INPUT_RECORD_BYTES
+                    ctypes.c_uint32.from_address(doorbell_copy).value = seq
                 base = self.to_host(slot)
                 ctypes.c_uint64.from_address(base + 8).value = time.time_ns()
                 ctypes.c_uint32.from_address(base + 4).value = 0

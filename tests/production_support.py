@@ -11,7 +11,7 @@ GPU (the pointer is base + offset) while only the pages a case touches cost memo
   2. `programs` picks the program ids to run (the first, the last, a few between, and the ones that
      reach masks and boundaries);
   3. `expect(case, pid)` yields, for one program, each output region it owns (derived from the
-     kernel's program → tile mapping, written once below: `matmul_tile`, `attention_bwd_program`,
+     kernel's program → tile mapping, written once below: `matmul_tile`, `attention_split_of`,
      `rmsnorm_bwd_gain_program`) with the numpy oracle's values there;
   4. watched memory is poisoned (device buffers 0xFF, NaN / -1; staging 0xA5) except the inputs,
      whose bytes are kept: a whole buffer when it is ≤ 64 MiB (staging always), else each input
@@ -58,12 +58,13 @@ import numpy as np
 import torch
 from kernels_support import ELEMENTWISE, ONE_BF16_ULP, SAME_OPERANDS
 from test_kernels_adamw import ADAMW_REL
-from test_kernels_attention import ATTENTION_GRAD16, ATTENTION_OUT
+from test_kernels_attention import ATTENTION_GRAD, ATTENTION_GRAD16, ATTENTION_OUT
 from triton import cdiv
 from triton.runtime import interpreter as _interp
 
 from host.backend import BUFFER_POISON  # device buffers: NaN for floats, -1 for ints
 from plan import launches as L
+from plan.attention_split import AttentionSplit
 from plan import reference as ref
 from plan.kernels import meta
 from staging import layout as SL
@@ -93,6 +94,7 @@ T_ATT_OUT = Tol("ATTENTION_OUT", ATTENTION_OUT)
 # o16 = bf(o): ATTENTION_OUT, then a bf16 rounding that may go the other way
 T_ATT_OUT16 = Tol("ATTENTION_OUT16", ATTENTION_OUT + ONE_BF16_ULP)
 T_ATT_GRAD16 = Tol("ATTENTION_GRAD16", ATTENTION_GRAD16)
+T_ATT_GRAD = Tol("ATTENTION_GRAD", ATTENTION_GRAD)
 T_ADAMW = Tol("ADAMW_REL", ADAMW_REL)
 # lse against float64 log-sum-exp of the same bf16 scores (test_kernels_attention's 1e-5)
 T_LSE = Tol("LSE", 1e-5)
@@ -197,16 +199,12 @@ def matmul_pid(pid_m: int, pid_n: int, M: int, N: int, BM: int, BN: int, GROUP_M
     return first_m * tiles_n + pid_n * size_m + pid_m - first_m
 
 
-def attention_bwd_program(pid: int, T: int, BM: int, BN: int, H: int, G: int):
-    """("dkdv", kv block, kv head) or ("dq", query block, head): plan/kernels/attention.py
-    attention_bwd — dK/dV programs first, then dQ with the last query block first per head."""
-    kv_blocks, q_blocks = cdiv(T, BN), cdiv(T, BM)
-    if pid < kv_blocks * G:
-        return "dkdv", pid % kv_blocks, pid // kv_blocks
-    q = pid - kv_blocks * G
-    if q >= q_blocks * H:
-        raise ValueError(f"attention_bwd program {pid} past the grid")
-    return "dq", q_blocks - 1 - q % q_blocks, q // q_blocks
+def attention_split_of(case) -> AttentionSplit:
+    """The attention launch's program → work mapping (plan/attention_split.py, which the kernels'
+    id decode follows) from its T and constexprs."""
+    c = dict(case.launch.constexprs)
+    return AttentionSplit(case.scalar("T"), c["BLOCK_M"], c["BLOCK_N"], c["HEADS"],
+                          c.get("KV_HEADS", c["HEADS"]), c.get("FWD_CHUNK", 1), c.get("BWD_CHUNK", 1))
 
 
 def rmsnorm_bwd_gain_program(pid: int, T: int, BLOCK_R: int):
@@ -256,6 +254,7 @@ class Output:
     space: Space
     start: int                  # absolute byte offset of the logical region's first element
     dtype: str
+    at: int = 0                 # elements past the argument's pointer (a P/M/V plane behind it)
 
     @property
     def itemsize(self) -> int:
@@ -385,9 +384,12 @@ class Case:
         self.data[key or name] = seen
         return seen
 
-    def output(self, name: str, shape, tol: Tol) -> None:
-        space, start, dtype = self._locate(name)
-        self.outputs[name] = Output(name, tuple(shape), tol, space, start, dtype)
+    def output(self, name: str, shape, tol: Tol, at: int = 0, key: str | None = None) -> None:
+        """Declare the output region `shape` at argument `name` (+ `at` elements), owned and
+        checked as `key` (default: the argument's name; one pointer may lead to several
+        outputs, e.g. the P, M and V planes of a parameter)."""
+        space, start, dtype = self._locate(name, at)
+        self.outputs[key or name] = Output(name, tuple(shape), tol, space, start, dtype, at)
 
     def watch(self, name: str, index) -> None:
         """Also poison and watch `index` of output `name` without owning it (elements a sampled
@@ -517,7 +519,7 @@ class Case:
                 scale[name] = max(scale.get(name, 0.0), float(np.abs(want.astype(np.float64)).max()))
         for name, index, want, pid in self.claims:
             out = self.outputs[name]
-            raw = self.region(name, out.shape)[index]
+            raw = self.region(out.arg, out.shape, out.at)[index]
             got = bf16_values(raw) if out.dtype == "bf16" else raw
             msg, ratio, line = _compare(got, want, out.tol, _origin(index), scale.get(name, 0.0))
             if msg:
@@ -597,6 +599,9 @@ REGISTRY: dict[str, object] = {}
 SKIPPED = {
     L.RELEASE: "hand-written PTX (plan/kernels/release.ptx), not Triton: the interpret backend "
                "emulates it in Python; its semaphore records are checked by the host tests",
+    L.STAGE_IN: "hand-written PTX (plan/kernels/release_stage_in.ptx), not Triton: the interpret "
+                "backend emulates it; tests/test_staging_reads.py and test_agreements.py check "
+                "what it loads and the layout it copies",
 }
 
 
@@ -639,28 +644,51 @@ def check_launch(launch, specs, profile=None, seed: int | None = None, pids=None
 
 # ---------------------------------------------------------------- matmul family
 
+def _splits(case) -> int:
+    return dict(case.launch.constexprs).get("SPLIT_K", 1)
+
+
 def _matmul_dims(case):
     M, N, K = case.scalar("M", "N", "K")
     bm, bn, g = case.const("BLOCK_M", "BLOCK_N", "GROUP_M")
-    tiles = cdiv(M, bm) * cdiv(N, bn)
+    tiles = cdiv(M, bm) * cdiv(N, bn) * _splits(case)
     if tuple(case.launch.grid) != (tiles, 1, 1):
         raise AssertionError(f"{case.launch.kernel}: grid {case.launch.grid} but {M}×{N} in "
-                             f"{bm}×{bn} tiles is {tiles} programs")
+                             f"{bm}×{bn} tiles × {_splits(case)} K splits is {tiles} programs")
     return M, N, K, bm, bn, g
 
 
 def _matmul_programs(case):
+    """The corner tiles (and a ragged group's first) of the first and the last K split."""
     M, N, _, bm, bn, g = _matmul_dims(case)
     tm, tn = cdiv(M, bm), cdiv(N, bn)
     corners = [matmul_pid(pm, pn, M, N, bm, bn, g) for pm, pn in
                ((tm - 1, tn - 1), (0, tn - 1), (tm - 1, 0), (tm - 1 - (tm - 1) % g, 0))]
-    return sample(tm * tn, *corners)
+    last = (_splits(case) - 1) * tm * tn
+    return sample(tm * tn * _splits(case), *corners, *(last + c for c in corners))
+
+
+def matmul_split(pid: int, M: int, N: int, K: int, BM: int, BN: int, BK: int, S: int):
+    """(tile pid, K range) of program pid of a split-K matmul: plan/kernels/matmul.py — program
+    split · tiles + tile sums chunks [split · per, (split + 1) · per) of cdiv(K, BK)."""
+    tiles = cdiv(M, BM) * cdiv(N, BN)
+    split, per = pid // tiles, cdiv(cdiv(K, BK), S) * BK
+    return pid % tiles, slice(min(K, split * per), min(K, (split + 1) * per)), split
 
 
 def _tile(case, pid):
     M, N, _, bm, bn, g = _matmul_dims(case)
-    pm, pn = matmul_tile(pid, M, N, bm, bn, g)
+    pm, pn = matmul_tile(pid % (cdiv(M, bm) * cdiv(N, bn)), M, N, bm, bn, g)
     return pn, _block(pm, bm, M), _block(pn, bn, N)
+
+
+def _ssq_input(case, x: np.ndarray) -> None:
+    """The producer's per-row partial sums of squares of the residual x (M, K) the norm prologue
+    reads: SSQ_PARTS column chunks (as matmul_residual's column tiles write them)."""
+    parts = case.const("SSQ_PARTS")
+    bounds = np.linspace(0, x.shape[1], parts + 1).astype(int)
+    case.input("ssq_ptr", values=np.stack([(x[:, a:b] * x[:, a:b]).sum(1, dtype=np.float32)
+                                           for a, b in zip(bounds[:-1], bounds[1:])]))
 
 
 def _prologue_expect(case, pn, rows, y16, r):
@@ -687,6 +715,8 @@ class _Matmul:
         if epi == meta.EPI_SWIGLU_BWD:
             case.input("aux_ptr", (M, 2 * N))                         # [a | b] of the forward
             case.output("c_ptr", (M, 2 * N), T_ULP)
+        elif _splits(case) > 1:                                       # (splits, M, N) partials
+            case.output("c_ptr", (_splits(case), M, N), T_SAME)
         else:
             case.output("c_ptr", (M, N), T_ULP if epi == meta.EPI_BF16 else T_SAME)
 
@@ -698,6 +728,12 @@ class _Matmul:
         N = case.scalar("N")
         epi = case.const("EPILOGUE")
         A, B = case.cache["A"], case.cache["B"]
+        if _splits(case) > 1:                # partial `split` of the K chunks it owns
+            M, K = case.scalar("M", "K")
+            bm, bn, bk = case.const("BLOCK_M", "BLOCK_N", "BLOCK_K")
+            _, ks, split = matmul_split(pid, M, N, K, bm, bn, bk, _splits(case))
+            yield "c_ptr", (split, rows, cols), ref.bf16(A[rows, ks]) @ ref.bf16(B[ks, cols])
+            return
         acc = ref.bf16(A[rows]) @ ref.bf16(B[:, cols])
         if epi == meta.EPI_F32:
             yield "c_ptr", (rows, cols), acc
@@ -720,6 +756,30 @@ class _Matmul:
             raise AssertionError(f"{case.launch.kernel}: no oracle for EPILOGUE={epi}")
 
 
+@oracle("matmul_residual")
+class _MatmulResidual:
+    """out = x + bf(A) @ bf(B)ᵀ (the reference out_proj / mlp's residual add) and each column
+    tile's per-row Σ out² (of the oracle's out: ELEMENTWISE)."""
+
+    def setup(self, case):
+        M, N, K, *_ = _matmul_dims(case)
+        case.input("a_ptr", (M, K))
+        case.input("b_ptr", (N, K), scale=0.1)
+        case.input("x_ptr", (M, N))
+        case.output("out_ptr", (M, N), T_SAME)
+        case.output("ssq_ptr", (cdiv(N, case.const("BLOCK_N")), M), T_ELEM)
+
+    def programs(self, case):
+        return _matmul_programs(case)
+
+    def expect(self, case, pid):
+        pn, rows, cols = _tile(case, pid)
+        d = case.data
+        out = d["x_ptr"][rows, cols] + ref.bf16(d["a_ptr"][rows]) @ ref.bf16(d["b_ptr"][cols]).T
+        yield "out_ptr", (rows, cols), out
+        yield "ssq_ptr", (pn, rows), (out * out).sum(1, dtype=np.float32)
+
+
 @oracle("matmul_rotary")
 class _MatmulRotary:
     """qkv16 = bf(rotary(bf(rmsnorm(x)) @ bf(W)ᵀ)): reference qkv then rotary on q and k heads."""
@@ -727,7 +787,7 @@ class _MatmulRotary:
     def setup(self, case):
         M, N, K, *_ = _matmul_dims(case)
         d = case.const("HEAD_DIM")
-        case.input("x_ptr", (M, K), scale=2.0)
+        _ssq_input(case, case.input("x_ptr", (M, K), scale=2.0))
         case.input("w_ptr", (N, K))
         cos, sin = ref.rotary_tables(types.SimpleNamespace(context=M, head_dim=d))
         case.input("rope_ptr", values=np.concatenate([cos, sin], axis=1))
@@ -759,7 +819,7 @@ class _MatmulSwiglu:
 
     def setup(self, case):
         M, N, K, *_ = _matmul_dims(case)
-        case.input("x_ptr", (M, K), scale=2.0)
+        _ssq_input(case, case.input("x_ptr", (M, K), scale=2.0))
         case.input("wg_ptr", (N, K), scale=0.1)
         case.input("wu_ptr", (N, K), scale=0.1)
         case.output("ab_ptr", (M, 2 * N), T_ULP)
@@ -780,29 +840,6 @@ class _MatmulSwiglu:
         yield "ab_ptr", (rows, slice(N + cols.start, N + cols.stop)), m.b
         yield "z_ptr", (rows, cols), ref.bf16(m.z)
         yield from _prologue_expect(case, pn, rows, m.h, m.r)
-
-
-@oracle("matmul_norm")
-class _MatmulNorm:
-    """logits = bf(final_norm(x)) @ bf(W)ᵀ: the reference final_norm and head stages on the tile."""
-
-    def setup(self, case):
-        M, N, K, *_ = _matmul_dims(case)
-        case.input("x_ptr", (M, K), scale=3.0)
-        case.input("g_ptr", values=1 + 0.1 * case.rng.standard_normal(K, dtype=np.float32))
-        case.input("w_ptr", (N, K))
-        case.output("c_ptr", (M, N), T_ULP)
-        case.output("h16_ptr", (M, K), T_ULP)
-        case.output("rstd_ptr", (M,), T_ELEM)
-
-    def programs(self, case):
-        return _matmul_programs(case)
-
-    def expect(self, case, pid):
-        pn, rows, cols = _tile(case, pid)
-        f = ref.final_norm(case.data["x_ptr"][rows], case.data["g_ptr"])
-        yield "c_ptr", (rows, cols), ref.head(f.hf, case.data["w_ptr"][cols])
-        yield from _prologue_expect(case, pn, rows, f.hf, f.r)
 
 
 @oracle("matmul_delta")
@@ -858,38 +895,124 @@ def _lse(q, k, T, H, G, d):
     return out
 
 
+def _scores(q, k, rows, cols, head, kv, d):
+    """s (R, C) fp32 = bf(q)·bf(k)ᵀ·scale of query rows × key cols, −inf above the diagonal."""
+    s = (ref.bf16(q[rows, head * d:(head + 1) * d]) @ ref.bf16(k[cols, kv * d:(kv + 1) * d]).T)
+    s = s * ref.attention_scale(d)
+    r = np.arange(rows.start, rows.stop)[:, None]
+    c = np.arange(cols.start, cols.stop)[None, :]
+    return np.where(r >= c, s, np.float32(-np.inf)).astype(np.float32)
+
+
 @oracle("attention_fwd")
 class _AttentionFwd:
-    """o32, o16, lse of one (query block, head): the reference attention stage."""
+    """One (query block, kv chunk, head) program: the chunk's row max m_c, row sum l_c and
+    unnormalized acc_c = Σ bf(exp(s − m))·bf(v) over its kv blocks, with the running max m of the
+    flash recurrence block by block (p is rounded against it: NUMERICS.md's one ulp of p)."""
 
     def setup(self, case):
         T, H, G, d, q, k, v = _attention_inputs(case)
-        case.cache["ref"] = ref.attention(q, k, v, d)
-        case.cache["lse"] = _lse(q, k, T, H, G, d)
-        case.output("o16_ptr", (T, H * d), T_ATT_OUT16)
-        case.output("o32_ptr", (T, H * d), T_ATT_OUT)
-        case.output("lse_ptr", (H, T), T_LSE)
+        sp = attention_split_of(case)
+        case.output("o_part_ptr", (sp.fwd_slots, T, H * d), T_ATT_OUT)
+        case.output("ml_part_ptr", (sp.fwd_slots, 2, H, T), T_LSE)
 
     def programs(self, case):
-        bx, by, _ = case.launch.grid
-        return sorted({(0, 0), (bx - 1, by - 1), (bx - 1, 0), (0, by - 1), (bx // 2, by // 2),
-                       (bx // 3, 2 * by // 3)})
+        sp = attention_split_of(case)
+        progs = sp.fwd_programs()
+        # the first program of a ragged last chunk, and the full chunk before it
+        ragged = [i for i, (m, c, _) in enumerate(progs) if sp.fwd_chunk_trips(m, c) < sp.fwd_chunk]
+        return sample(len(progs), *[i for i in ragged[:1] for i in (i - 1, i) if i >= 0])
 
     def expect(self, case, pid):
-        bm, d = case.const("BLOCK_M", "HEAD_DIM")
-        T = case.scalar("T")
-        block, head = pid[0], pid[1]
-        rows, cols = _block(block, bm, T), slice(head * d, (head + 1) * d)
-        o = case.cache["ref"].o[rows, cols]
+        T, H, d = case.scalar("T"), case.const("HEADS"), case.const("HEAD_DIM")
+        sp = attention_split_of(case)
+        m, c, head = sp.fwd_programs()[pid]
+        q, k, v = (case.data["qkv_ptr"][:, a:b] for a, b in _qkv_cols(case))
+        kv = head // sp.group
+        rows = _block(m, sp.block_m, T)
+        mi = np.full(rows.stop - rows.start, -np.inf, np.float32)
+        li = np.zeros_like(mi)
+        acc = np.zeros((rows.stop - rows.start, d), np.float32)
+        for b in range(c * sp.fwd_chunk, c * sp.fwd_chunk + sp.fwd_chunk_trips(m, c)):
+            cols = _block(b, sp.block_n, T)
+            s = _scores(q, k, rows, cols, head, kv, d)
+            m_new = np.maximum(mi, s.max(1))
+            alpha = np.exp(mi - m_new)
+            p = np.exp(s - m_new[:, None])
+            li = li * alpha + p.sum(1, dtype=np.float32)
+            acc = acc * alpha[:, None] + ref.bf16(p) @ ref.bf16(v[cols, kv * d:(kv + 1) * d])
+            mi = m_new
+        yield "ml_part_ptr", (c, 0, head, rows), mi
+        yield "ml_part_ptr", (c, 1, head, rows), li
+        yield "o_part_ptr", (c, rows, slice(head * d, (head + 1) * d)), acc
+
+
+def _qkv_cols(case):
+    H, G, d = case.const("HEADS", "KV_HEADS", "HEAD_DIM")
+    return (0, H * d), (H * d, (H + G) * d), ((H + G) * d, (H + 2 * G) * d)
+
+
+def _slots(shape_of_slot, sp: AttentionSplit, used, rng, blocks: int, block: int, axis: int):
+    """Random partials (slots, …) in the slots each block uses, NaN in the rest (a merge that
+    reads a slot its block did not fill sees NaN)."""
+    x = rng.standard_normal(shape_of_slot, dtype=np.float32)
+    for b in range(blocks):
+        for c in range(shape_of_slot[0]):
+            if not used(b, c):
+                index = [c] + [slice(None)] * (len(shape_of_slot) - 1)
+                index[axis] = slice(b * block, (b + 1) * block)
+                x[tuple(index)] = np.nan
+    return x
+
+
+@oracle("attention_fwd_merge")
+class _AttentionFwdMerge:
+    """o32, o16, lse of one (query block, head) from its chunks' partials (random here, NaN in the
+    slots the block does not use), merged in chunk order as numpy does it."""
+
+    def setup(self, case):
+        T, H, d = case.scalar("T"), case.const("HEADS"), case.const("HEAD_DIM")
+        sp = attention_split_of(case)
+        used = lambda m, c: c < sp.fwd_chunks(m)  # noqa: E731
+        o = _slots((sp.fwd_slots, T, H * d), sp, used, case.rng, sp.q_blocks, sp.block_m, 1)
+        ml = _slots((sp.fwd_slots, 2, H, T), sp, used, case.rng, sp.q_blocks, sp.block_m, 3)
+        ml[:, 0] *= 4                                                   # row maxima
+        ml[:, 1] = np.abs(ml[:, 1]) * 8 + 1                             # row sums ≥ 1
+        case.input("o_part_ptr", values=o)
+        case.input("ml_part_ptr", values=ml)
+        case.output("o32_ptr", (T, H * d), T_ELEM)
+        case.output("o16_ptr", (T, H * d), T_ULP)
+        case.output("lse_ptr", (H, T), T_ELEM)
+
+    def programs(self, case):
+        n = case.launch.grid[0]
+        return sample(n, case.const("HEADS"))
+
+    def expect(self, case, pid):
+        T, H, d = case.scalar("T"), case.const("HEADS"), case.const("HEAD_DIM")
+        sp = attention_split_of(case)
+        m, head = sp.fwd_merge_programs()[pid]
+        rows, cols = _block(m, sp.block_m, T), slice(head * d, (head + 1) * d)
+        n = sp.fwd_chunks(m)
+        mc = case.data["ml_part_ptr"][:n, 0, head, rows]                # (n, R)
+        lc = case.data["ml_part_ptr"][:n, 1, head, rows]
+        M = mc.max(0)
+        w = np.exp(mc - M)
+        l, acc = np.zeros_like(M), np.zeros((rows.stop - rows.start, d), np.float32)
+        for c in range(n):
+            l = l + lc[c] * w[c]
+            acc = acc + case.data["o_part_ptr"][c, rows, cols] * w[c][:, None]
+        o = acc / l[:, None]
         yield "o32_ptr", (rows, cols), o
         yield "o16_ptr", (rows, cols), ref.bf16(o)
-        yield "lse_ptr", (head, rows), case.cache["lse"][head, rows]
+        yield "lse_ptr", (head, rows), M + np.log(l)
 
 
 @oracle("attention_bwd")
 class _AttentionBwd:
-    """bf(rotary_backward(dq)), bf(rotary_backward(dk)), bf(dv): the reference attention_backward
-    and rotary_backward stages; lse and delta are the forward's, from the reference."""
+    """One (kv block, trip chunk, kv head) program: the fp32 partial dk′ = Σ bf(ds)ᵀ·bf(q′),
+    dv = Σ bf(p)ᵀ·bf(dO) over its (query head, query block) trips, and each trip's bf(ds)ᵀ tile;
+    p = exp(s − lse), ds = p·(dp − delta)·scale with the forward's lse and delta (reference)."""
 
     def setup(self, case):
         T, H, G, d, q, k, v = _attention_inputs(case)
@@ -898,45 +1021,117 @@ class _AttentionBwd:
         case.input("lse_ptr", values=_lse(q, k, T, H, G, d))
         case.input("delta_ptr", values=np.ascontiguousarray(
             (do * at.o).reshape(T, H, d).sum(-1, dtype=np.float32).T))
-        cos, sin = ref.rotary_tables(types.SimpleNamespace(context=T, head_dim=d))
-        case.input("rope_ptr", values=np.concatenate([cos, sin], axis=1))
-        dq, dk, dv = ref.attention_backward(do, q, k, v, at.o, at.p, d)
-        case.cache["want"] = ref.bf16(np.concatenate(
-            [ref.rotary_backward(dq, cos, sin), ref.rotary_backward(dk, cos, sin), dv], axis=1))
-        case.output("dqkv_ptr", (T, (H + 2 * G) * d), T_ATT_GRAD16)
+        sp = attention_split_of(case)
+        case.output("kv_part_ptr", (sp.bwd_slots, T, 2 * G * d), T_ATT_GRAD)
+        case.output("ds_ptr", (H, T, T), T_ATT_GRAD16)
 
     def programs(self, case):
-        T = case.scalar("T")
-        bm, bn, G = case.const("BLOCK_M", "BLOCK_N", "KV_HEADS")
-        n, first_dq = case.launch.grid[0], cdiv(T, bn) * G
-        return sample(n, first_dq - 1, first_dq, first_dq // 2 + 1, first_dq + (n - first_dq) // 2)
+        sp = attention_split_of(case)
+        progs = sp.dkdv_programs()
+        # a chunk that crosses from one query head to the next, and a ragged last chunk
+        cross = [i for i, (n, c, _) in enumerate(progs)
+                 if len({j for j, _ in sp.dkdv_chunk_pairs(n, c)}) > 1]
+        ragged = [i for i, (n, c, _) in enumerate(progs)
+                  if len(sp.dkdv_chunk_pairs(n, c)) < sp.bwd_chunk]
+        return sample(len(progs), *cross[:1], *ragged[:1])
 
     def expect(self, case, pid):
-        T = case.scalar("T")
-        bm, bn, H, G, d = case.const("BLOCK_M", "BLOCK_N", "HEADS", "KV_HEADS", "HEAD_DIM")
-        kind, block, head = attention_bwd_program(pid, T, bm, bn, H, G)
-        want = case.cache["want"]
-        if kind == "dkdv":
-            rows = _block(block, bn, T)
-            for col in ((H + head) * d, (H + G + head) * d):
-                yield "dqkv_ptr", (rows, slice(col, col + d)), want[rows, col:col + d]
-        else:
-            rows = _block(block, bm, T)
-            yield "dqkv_ptr", (rows, slice(head * d, (head + 1) * d)), want[rows, head * d:(head + 1) * d]
+        T, H, G, d = case.scalar("T"), *case.const("HEADS", "KV_HEADS", "HEAD_DIM")
+        sp = attention_split_of(case)
+        n, c, g = sp.dkdv_programs()[pid]
+        q, k, v = (case.data["qkv_ptr"][:, a:b] for a, b in _qkv_cols(case))
+        do, lse, delta = case.data["do_ptr"], case.data["lse_ptr"], case.data["delta_ptr"]
+        cols = _block(n, sp.block_n, T)                                 # this program's kv rows
+        kd = slice(g * d, (g + 1) * d)
+        dk = np.zeros((cols.stop - cols.start, d), np.float32)
+        dv = np.zeros_like(dk)
+        for j, m in sp.dkdv_chunk_pairs(n, c):
+            head = g * sp.group + j
+            rows, hd = _block(m, sp.block_m, T), slice(head * d, (head + 1) * d)
+            p = np.exp(_scores(q, k, rows, cols, head, g, d) - lse[head, rows][:, None])
+            dp = ref.bf16(do[rows, hd]) @ ref.bf16(v[cols, kd]).T
+            ds = ref.bf16(p * (dp - delta[head, rows][:, None]) * ref.attention_scale(d))
+            yield "ds_ptr", (head, cols, rows), ds.T
+            dk += ds.T @ ref.bf16(q[rows, hd])
+            dv += ref.bf16(p).T @ ref.bf16(do[rows, hd])
+        yield "kv_part_ptr", (c, cols, kd), dk
+        yield "kv_part_ptr", (c, cols, slice((G + g) * d, (G + g + 1) * d)), dv
+
+
+@oracle("attention_bwd_dq")
+class _AttentionBwdDq:
+    """dQ programs: bf(rotary_backward(Σ_n bf(ds)·bf(k′))) of one (query block, head) from the
+    bf(ds)ᵀ tiles (random in the tiles attention_bwd writes, 0 above the diagonal, NaN elsewhere);
+    merge programs: bf(rotary_backward(Σ_c dk′_c)), bf(Σ_c dv_c) of one (kv block, kv head) from
+    random partials (NaN in the slots the block does not use), summed in slot order."""
+
+    def setup(self, case):
+        T, H, G, d = case.scalar("T"), *case.const("HEADS", "KV_HEADS", "HEAD_DIM")
+        sp = attention_split_of(case)
+        case.input("qkv_ptr", (T, (H + 2 * G) * d))
+        ds = np.full((H, T, T), np.nan, np.float32)                     # [head, kv row, query row]
+        causal = np.tril(np.ones((T, T), bool)).T                       # kv row ≤ query row
+        for n in range(sp.kv_blocks):
+            kv_rows = _block(n, sp.block_n, T)
+            q_rows = slice(sp.first_q(n) * sp.block_m, T)
+            tile = case.rng.standard_normal((H, kv_rows.stop - kv_rows.start,
+                                             T - q_rows.start), dtype=np.float32) * 1e-2
+            ds[:, kv_rows, q_rows] = np.where(causal[kv_rows, q_rows], tile, 0)
+        case.input("ds_ptr", values=ds)
+        used = lambda n, c: c < sp.dkdv_chunks(n)  # noqa: E731
+        case.input("kv_part_ptr", values=_slots((sp.bwd_slots, T, 2 * G * d), sp, used, case.rng,
+                                                sp.kv_blocks, sp.block_n, 1))
+        cos, sin = ref.rotary_tables(types.SimpleNamespace(context=T, head_dim=d))
+        case.cache["cos_sin"] = cos, sin
+        case.input("rope_ptr", values=np.concatenate([cos, sin], axis=1))
+        case.output("dqkv_ptr", (T, (H + 2 * G) * d), T_ULP)
+
+    def programs(self, case):
+        n, first_merge = case.launch.grid[0], case.const("HEADS") * attention_split_of(case).q_blocks
+        return sample(n, first_merge - 1, first_merge, first_merge // 2 + 1)
+
+    def expect(self, case, pid):
+        T, H, G, d = case.scalar("T"), *case.const("HEADS", "KV_HEADS", "HEAD_DIM")
+        sp = attention_split_of(case)
+        kind, block, head = sp.dq_programs()[pid]
+        cos, sin = case.cache["cos_sin"]
+        k = case.data["qkv_ptr"][:, H * d:(H + G) * d]
+        if kind == "dq":
+            rows, g = _block(block, sp.block_m, T), head // sp.group
+            keys = slice(0, sp.fwd_kv_blocks(block) * sp.block_n)
+            ds = case.data["ds_ptr"][head, keys, rows].T                # (BM, keys), bf16 values
+            dq = ds @ ref.bf16(k[keys, g * d:(g + 1) * d])
+            yield ("dqkv_ptr", (rows, slice(head * d, (head + 1) * d)),
+                   ref.bf16(ref.rotary_backward(dq, cos[rows], sin[rows])))
+            return
+        rows, g = _block(block, sp.block_n, T), head
+        part = case.data["kv_part_ptr"]
+        kd, vd = slice(g * d, (g + 1) * d), slice((G + g) * d, (G + g + 1) * d)
+        dk, dv = part[0, rows, kd], part[0, rows, vd]
+        for c in range(1, sp.dkdv_chunks(block)):
+            dk, dv = dk + part[c, rows, kd], dv + part[c, rows, vd]
+        yield ("dqkv_ptr", (rows, slice((H + g) * d, (H + g + 1) * d)),
+               ref.bf16(ref.rotary_backward(dk, cos[rows], sin[rows])))
+        yield "dqkv_ptr", (rows, slice((H + G + g) * d, (H + G + g + 1) * d)), ref.bf16(dv)
 
 
 # ---------------------------------------------------------------- row kernels
 
 def _norm_inputs(case, T, D):
+    """x, its rstd, and dy as DY_PARTS split-K partials (case.data["dy"]: their sum in order)."""
     x = case.input("x_ptr", (T, D), scale=2.0)
     _, r = ref.rmsnorm(x)
     case.input("rstd_ptr", values=r)
-    case.input("dy_ptr", (T, D))
+    parts = case.input("dy_ptr", (case.const("DY_PARTS"), T, D))
+    dy = parts[0]
+    for p in parts[1:]:
+        dy = dy + p
+    case.data["dy"] = dy
     return x
 
 
 def _rows_expect(case, rows, has_gain, accumulate, write_bf16):
-    x, r, dy = case.data["x_ptr"][rows], case.data["rstd_ptr"][rows], case.data["dy_ptr"][rows]
+    x, r, dy = case.data["x_ptr"][rows], case.data["rstd_ptr"][rows], case.data["dy"][rows]
     if has_gain:
         dy = dy * case.data["g_ptr"]
     dx = ref.rmsnorm_backward(dy, x * r[:, None], r)
@@ -945,6 +1140,27 @@ def _rows_expect(case, rows, has_gain, accumulate, write_bf16):
     yield "dx_ptr", (rows,), dx
     if write_bf16:
         yield "dx16_ptr", (rows,), ref.bf16(dx)
+
+
+@oracle("final_norm")
+class _FinalNorm:
+    """h16 = bf(final_norm(x)·g) and rstd: the reference final_norm stage, the head's input."""
+
+    def setup(self, case):
+        T, D = case.scalar("T"), case.const("D")
+        case.input("x_ptr", (T, D), scale=3.0)
+        case.input("g_ptr", values=1 + 0.1 * case.rng.standard_normal(D, dtype=np.float32))
+        case.output("h16_ptr", (T, D), T_ULP)
+        case.output("rstd_ptr", (T,), T_ELEM)
+
+    def programs(self, case):
+        return sample(case.launch.grid[0])
+
+    def expect(self, case, pid):
+        rows = _block(pid, case.const("BLOCK_R"), case.scalar("T"))
+        f = ref.final_norm(case.data["x_ptr"][rows], case.data["g_ptr"])
+        yield "h16_ptr", (rows,), ref.bf16(f.hf)
+        yield "rstd_ptr", (rows,), f.r
 
 
 @oracle("rmsnorm_bwd")
@@ -986,7 +1202,7 @@ class _RmsnormBwdGain:
         x = _norm_inputs(case, T, D)
         g = case.input("g_ptr", values=1 + 0.1 * case.rng.standard_normal(D, dtype=np.float32))
         y, r = x * case.data["rstd_ptr"][:, None], case.data["rstd_ptr"]
-        case.cache["dg"] = ref.final_norm_backward(case.data["dy_ptr"], y, r, g)[1]
+        case.cache["dg"] = ref.final_norm_backward(case.data["dy"], y, r, g)[1]
         case.output("dx_ptr", (T, D), T_ELEM)
         if case.const("WRITE_BF16"):
             case.output("dx16_ptr", (T, D), T_ULP)
@@ -1049,7 +1265,8 @@ class _EmbedFwd:
             types.SimpleNamespace(context=T, head_dim=d)), axis=1)
         for name, shape, tol in (("emb_ptr", (T, D), EXACT), ("rstd_ptr", (T,), T_ELEM),
                                  ("x_ptr", (T, D), T_ELEM), ("rope_ptr", (T, d), T_ELEM),
-                                 ("next_ptr", (T,), EXACT)):
+                                 ("next_ptr", (T,), EXACT),
+                                 ("ssq_ptr", (case.const("SSQ_PARTS"), T), T_ELEM)):
             case.output(name, shape, tol)
 
     def programs(self, case):
@@ -1063,27 +1280,84 @@ class _EmbedFwd:
         yield "x_ptr", (rows,), e.x
         yield "rope_ptr", (rows,), case.cache["rope"][rows]
         yield "next_ptr", (rows,), case.cache["next"][rows]
+        parts, width = case.const("SSQ_PARTS"), case.const("BLOCK_D") // case.const("SSQ_PARTS")
+        x2 = np.zeros((e.x.shape[0], parts * width), np.float32)
+        x2[:, :e.x.shape[1]] = e.x * e.x
+        yield "ssq_ptr", (slice(0, parts), rows), x2.reshape(-1, parts, width).sum(-1).T
+
+
+class _Learner:
+    """Shared by the fused AdamW oracles: t = t_base + doorbell, fresh P/M/V of a parameter
+    window written as inputs, and the reference learner on a window of the parameter table."""
+    T_BASE, DOORBELL = 4998, 7
+
+    @classmethod
+    def start(cls, case):
+        case.run_scalars["t_base"] = cls.T_BASE
+        case.input("doorbell_ptr", values=np.array([cls.DOORBELL], np.uint32))
+
+    @staticmethod
+    def planes(case, arg: str, at: int, n: int, key: str):
+        """Fresh P, M, V of n elements at element `at` of parameter pointer `arg` (P plane;
+        M, V NPARAM and 2·NPARAM further), kept as case.data[f"{key}{P|M|V}"]."""
+        N = case.scalar("NPARAM")
+        # V ≥ 1e-6 ≫ (1 − β2)·g² (≈ 6e-10 for the weight_grad oracle's |g| ≈ 8e-4): a product's
+        # gradient differs from numpy's by SAME_OPERANDS (another accumulation order), which
+        # step·m/√v would amplify where v ≈ 0; the bit-for-bit check on the same gradient is
+        # tests/test_kernels_weight_grad.py's
+        vals = (0.02 * case.rng.standard_normal(n, dtype=np.float32),
+                1e-3 * case.rng.standard_normal(n, dtype=np.float32),
+                1e-6 * (1 + np.abs(case.rng.standard_normal(n, dtype=np.float32))))
+        for plane, (name, v) in enumerate(zip("PMV", vals)):
+            case.input(arg, values=v, at=plane * N + at, key=f"{key}{name}")
+
+    @classmethod
+    def update(cls, case, key: str, g: np.ndarray, decayed: bool):
+        """The reference learner's (P, M, V) for planes `key` and gradient g (flat)."""
+        n = g.size
+        one = types.SimpleNamespace(offset=0, end=n, decay=decayed)
+        prof = types.SimpleNamespace(parameter_count=n, learner=case.profile.learner,
+                                     parameters=[one])
+        d = case.data
+        return ref.adamw(prof, d[key + "P"], d[key + "M"], d[key + "V"],
+                         np.ascontiguousarray(g, np.float32).reshape(-1), cls.T_BASE + cls.DOORBELL)
+
+    @staticmethod
+    def outputs(case, arg: str, shape, prefix: str) -> None:
+        N = case.scalar("NPARAM")
+        for plane, name in enumerate("PMV"):
+            case.output(arg, shape, T_ADAMW, at=plane * N, key=prefix + name)
 
 
 @oracle("embed_grad")
 class _EmbedGrad:
     """dE rows = Σ de over the rows holding each id, increasing row order (np.add.at, sequential:
-    the reference embed_backward's sum); w1 = dE's first W1_WORDS words."""
+    the reference embed_backward's sum); w1 = dE's first W1_WORDS words; E's rows of P, M, V: the
+    reference learner on those sums (decayed); the last program: the two gains from dgain (not
+    decayed).  Only the sampled programs' rows of the planes are written as inputs."""
 
     def setup(self, case):
         T, V = case.scalar("T", "V")
         D, bv = case.const("D", "BLOCK_V")
         n = case.launch.grid[0]
-        if n != cdiv(V, bv):
-            raise AssertionError(f"{case.launch.kernel}: grid {n} is not cdiv({V}, {bv})")
+        if n != cdiv(V, bv) + 1:
+            raise AssertionError(f"{case.launch.kernel}: grid {n} is not cdiv({V}, {bv}) + 1")
+        _Learner.start(case)
         case.hint = sample(n)
-        hot = [int(p * bv + case.rng.integers(0, bv)) for p in case.hint for _ in range(3)]
-        hot = [min(t, V - 1) for t in hot]
+        hot = [min(int(p * bv + case.rng.integers(0, bv)), V - 1) for p in case.hint[:-1]
+               for _ in range(3)]
         ids = _token_ids(case, T, V, hot)
         case.input("ids_ptr", values=ids)
         case.input("next_ptr", values=_next_rows(ids))
         case.input("de_ptr", (T, D))
-        case.output("de_table_ptr", (V, D), EXACT)
+        case.input("dgain_ptr", (2, D), scale=1e-3)
+        for pid in case.hint[:-1]:
+            rows = _block(pid, bv, V)
+            _Learner.planes(case, "e_ptr", rows.start * D, (rows.stop - rows.start) * D, f"E{pid}")
+        for g in ("gain0_ptr", "gain1_ptr"):
+            _Learner.planes(case, g, 0, D, g)
+            _Learner.outputs(case, g, (D,), g)
+        _Learner.outputs(case, "e_ptr", (V, D), "E")
         case.output("w1_ptr", (case.const("W1_WORDS"),), EXACT)
 
     def programs(self, case):
@@ -1092,15 +1366,119 @@ class _EmbedGrad:
     def expect(self, case, pid):
         V = case.scalar("V")
         D, bv, w1 = case.const("D", "BLOCK_V", "W1_WORDS")
+        if pid == cdiv(V, bv):
+            for i, g in enumerate(("gain0_ptr", "gain1_ptr")):
+                new = _Learner.update(case, g, case.data["dgain_ptr"][i], False)
+                for name, want in zip("PMV", new):
+                    yield g + name, (slice(0, D),), want
+            return
         rows = _block(pid, bv, V)
         ids = case.data["ids_ptr"].astype(np.int64)
         want = np.zeros((rows.stop - rows.start, D), np.float32)
         hit = np.flatnonzero((ids >= rows.start) & (ids < rows.stop))    # increasing rows
         np.add.at(want, ids[hit] - rows.start, case.data["de_ptr"][hit])
-        yield "de_table_ptr", (rows,), want
+        for name, new in zip("PMV", _Learner.update(case, f"E{pid}", want, True)):
+            yield "E" + name, (rows,), new.reshape(-1, D)
         words = slice(rows.start * D, min(rows.stop * D, w1))
         if words.start < words.stop:
             yield "w1_ptr", (words,), want.reshape(-1)[:words.stop - words.start]
+
+
+def weight_grad_program(pid: int, tiles: list[int], T: int, BLOCK_R: int):
+    """("product", j, tile) for the products' tiles in order, then ("rows", row block), then
+    ("gain", column block): plan/kernels/weight_grad.py."""
+    for j, t in enumerate(tiles):
+        if pid < t:
+            return "product", j, pid
+        pid -= t
+    rows = cdiv(T, BLOCK_R)
+    return ("rows", pid, None) if pid < rows else ("gain", pid - rows, None)
+
+
+@oracle("weight_grad")
+class _WeightGrad:
+    """Product tiles: g = bf(dy)ᵀ @ bf(x) (reference head/mlp/qkv backward's dW), then P, M, V of
+    the tile by the reference learner (every matrix decays) and w16 = bf(p); norm rows: the
+    reference rmsnorm backward of the split-K partials' sum (gained: final_norm_backward, and dg).
+    Only the sampled tiles' row blocks of the planes are written as inputs."""
+
+    def _dims(self, case):
+        T, bm, bn = case.scalar("T"), *case.const("BLOCK_M", "BLOCK_N")
+        dims = [case.scalar("M0", "N0"), case.scalar("M1", "N1")][:case.const("PRODUCTS")]
+        return T, bm, bn, dims, [cdiv(M, bm) * cdiv(N, bn) for M, N in dims]
+
+    def setup(self, case):
+        T, bm, bn, dims, tiles = self._dims(case)
+        D, br, has_gain, acc = case.const("D", "BLOCK_R", "HAS_GAIN", "ACCUMULATE")
+        cols = case.const("GAIN_COLS")
+        n = case.launch.grid[0]
+        if n != sum(tiles) + cdiv(T, br) + (cdiv(D, cols) if has_gain else 0):
+            raise AssertionError(f"{case.launch.kernel}: grid {n} is not {tiles} tiles + rows")
+        _Learner.start(case)
+        g = case.const("GROUP_M")
+        picks, base = [], 0
+        for (M, N), t in zip(dims, tiles):
+            tm, tn = cdiv(M, bm), cdiv(N, bn)
+            corners = {matmul_pid(pm, pn, M, N, bm, bn, g) for pm, pn in
+                       ((0, 0), (tm - 1, tn - 1), (0, tn - 1), (tm - 1, 0), (tm // 2, tn // 2))}
+            picks += [base + c for c in corners]
+            base += t
+        rows = cdiv(T, br)
+        picks += [base, base + rows - 1] + ([base + rows, n - 1] if has_gain else [])
+        case.hint = sorted(set(picks))
+        for j, (M, N) in enumerate(dims):
+            case.input(f"a{j}_ptr", (T, M), scale=0.005)
+            case.input(f"b{j}_ptr", (T, N), scale=0.005)
+            _Learner.outputs(case, f"p{j}_ptr", (M, N), f"W{j}")
+            case.output(f"h{j}_ptr", (M, N), T_ULP)
+        for pid in case.hint:                    # the sampled tiles' row blocks of P, M, V
+            kind, j, tile = weight_grad_program(pid, tiles, T, br)
+            if kind == "product":
+                M, N = dims[j]
+                pm, _ = matmul_tile(tile, M, N, bm, bn, g)
+                r = _block(pm, bm, M)
+                key = f"W{j}rows{r.start}"
+                if key + "P" not in case.data:
+                    _Learner.planes(case, f"p{j}_ptr", r.start * N, (r.stop - r.start) * N, key)
+        x = _norm_inputs(case, T, D)
+        if has_gain:
+            gain = case.input("g_ptr",
+                              values=1 + 0.1 * case.rng.standard_normal(D, dtype=np.float32))
+            r = case.data["rstd_ptr"]
+            case.cache["dg"] = ref.final_norm_backward(case.data["dy"], x * r[:, None], r, gain)[1]
+            case.output("dg_ptr", (D,), T_GAIN_SUM)
+        if acc:
+            case.input("dx_ptr", (T, D))
+        case.output("dx_ptr", (T, D), T_ELEM)
+        case.output("dx16_ptr", (T, D), T_ULP)
+
+    def programs(self, case):
+        return case.hint
+
+    def expect(self, case, pid):
+        T, bm, bn, dims, tiles = self._dims(case)
+        D, br, has_gain, acc = case.const("D", "BLOCK_R", "HAS_GAIN", "ACCUMULATE")
+        kind, j, tile = weight_grad_program(pid, tiles, T, br)
+        if kind == "rows":
+            yield from _rows_expect(case, _block(j, br, T), has_gain, acc, True)
+            return
+        if kind == "gain":
+            c = _block(j, case.const("GAIN_COLS"), D)
+            yield "dg_ptr", (c,), case.cache["dg"][c]
+            return
+        M, N = dims[j]
+        pm, pn = matmul_tile(tile, M, N, bm, bn, case.const("GROUP_M"))
+        r, c = _block(pm, bm, M), _block(pn, bn, N)
+        grad = ref.bf16(case.data[f"a{j}_ptr"][:, r]).T @ ref.bf16(case.data[f"b{j}_ptr"][:, c])
+        key = f"W{j}rows{r.start}"
+        d = case.data
+        sub = {name: d[key + name].reshape(r.stop - r.start, N)[:, c] for name in "PMV"}
+        case.data.update({f"{key}{c.start}{k}": v.reshape(-1) for k, v in sub.items()})
+        P2, M2, V2 = _Learner.update(case, f"{key}{c.start}", grad, True)
+        shape = (r.stop - r.start, c.stop - c.start)
+        for name, want in zip("PMV", (P2, M2, V2)):
+            yield f"W{j}{name}", (r, c), want.reshape(shape)
+        yield f"h{j}_ptr", (r, c), ref.bf16(P2).reshape(shape)
 
 
 @oracle("cross_entropy")

@@ -3,6 +3,7 @@ bake into them) against plan/profiles.py, the reference model and staging/layout
 from __future__ import annotations
 
 import math
+import re
 
 import kernels_support  # noqa: F401  (sets up the interpreter before plan.kernels is imported)
 import numpy as np
@@ -61,32 +62,39 @@ def test_attention_scale_is_the_reference_scale(name):
 @pytest.mark.parametrize("t", [1, 7, 10000])
 def test_adamw_constants_are_the_reference_learners(name, t):
     prof = profiles.get(name)
-    (launch,) = _launches(prof, "adamw")
-    c = dict(launch.constexprs)
+    # every launch that applies AdamW (issue 14: the weight-gradient launches and embed_grad)
+    updates = _launches(prof, "weight_grad") + _launches(prof, "embed_grad")
     want = ref.adamw_constants(prof, t)
-    for kernel_name, ref_name in (("DECAY", "decay"), ("BETA1", "beta1"),
-                                  ("ONE_MINUS_BETA1", "one_minus_beta1"), ("BETA2", "beta2"),
-                                  ("ONE_MINUS_BETA2", "one_minus_beta2"), ("EPS", "eps")):
-        assert np.float32(c[kernel_name]) == want[ref_name], (kernel_name, c[kernel_name], want[ref_name])
-        assert c[kernel_name] == float(np.float32(c[kernel_name])), f"{kernel_name} is not an fp32 value"
     lr = prof.learner
-    # the bias corrections are formed in float64 from these (NUMERICS.md §AdamW)
-    assert (c["LR"], c["BETA1_F64"], c["BETA2_F64"]) == (float(lr.lr), float(lr.beta1), float(lr.beta2))
-    assert np.float32(c["LR"] / (1.0 - c["BETA1_F64"] ** t)) == want["step_size"]
-    assert np.float32(math.sqrt(1.0 - c["BETA2_F64"] ** t)) == want["bc2_sqrt"]
+    for launch in updates:
+        c = dict(launch.constexprs)
+        for kernel_name, ref_name in (("DECAY", "decay"), ("BETA1", "beta1"),
+                                      ("ONE_MINUS_BETA1", "one_minus_beta1"), ("BETA2", "beta2"),
+                                      ("ONE_MINUS_BETA2", "one_minus_beta2"), ("EPS", "eps")):
+            assert np.float32(c[kernel_name]) == want[ref_name], (launch.label, kernel_name)
+            assert c[kernel_name] == float(np.float32(c[kernel_name])), f"{kernel_name} is not fp32"
+        # the bias corrections are formed in float64 from these (NUMERICS.md §AdamW)
+        assert (c["LR"], c["BETA1_F64"], c["BETA2_F64"]) == (float(lr.lr), float(lr.beta1),
+                                                             float(lr.beta2))
+        assert np.float32(c["LR"] / (1.0 - c["BETA1_F64"] ** t)) == want["step_size"]
+        assert np.float32(math.sqrt(1.0 - c["BETA2_F64"] ** t)) == want["bc2_sqrt"]
+        assert launch.arg("t_base") == launches.RunScalar("t_base", "i64"), launch.label
 
 
 @pytest.mark.parametrize("name", PROFILES)
-def test_adamw_ranges_are_the_parameter_table(name):
+def test_decay_follows_the_parameter_table(name):
+    """weight_grad decays every parameter it updates; embed_grad decays E and not the gains: the
+    profile's decay flags say the same."""
     prof = profiles.get(name)
-    (launch,) = _launches(prof, "adamw")
-    c = dict(launch.constexprs)
-    undecayed = np.zeros(prof.parameter_count, bool)
-    undecayed[c["GAIN0_START"]:c["GAIN0_END"]] = True
-    undecayed[c["GAIN1_START"]:c["GAIN1_END"]] = True
-    assert np.array_equal(undecayed, ~ref.decay_mask(prof)), "the kernel's gain ranges"
-    embed = prof.parameter("embed")
-    assert (c["EMBED_START"], c["EMBED_END"]) == (embed.offset, embed.end)
+    decays = {q.name: q.decay for q in prof.parameters}
+    by_offset = {q.offset: q.name for q in prof.parameters}
+    for launch in _launches(prof, "weight_grad"):
+        for j in range(dict(launch.constexprs)["PRODUCTS"]):
+            assert decays[by_offset[launch.arg(f"p{j}_ptr").offset]], launch.label
+    (grad,) = _launches(prof, "embed_grad")
+    assert by_offset[grad.arg("e_ptr").offset] == "embed" and decays["embed"]
+    gains = {by_offset[grad.arg(a).offset] for a in ("gain0_ptr", "gain1_ptr")}
+    assert gains == {n for n, d in decays.items() if not d}, "the undecayed parameters"
 
 
 @pytest.mark.parametrize("name", PROFILES)
@@ -123,3 +131,32 @@ def test_dtype_sizes_are_the_element_sizes():
     sizes = {"fp32": torch.float32, "bf16": torch.bfloat16, "i32": torch.int32, "u32": torch.uint32}
     for name, dtype in sizes.items():
         assert DTYPE_BYTES[name] == torch.empty((), dtype=dtype).element_size(), name
+
+
+def test_stage_in_copies_the_layouts_record_into_staged():
+    """release_stage_in.ptx bakes the record's size and the doorbell's place in `staged`: 256
+    threads × 2 × 16 bytes = the input record, the targets half at +INPUTS_BYTES, the doorbell
+    after the record; the launch runs that many threads and `staged` holds them."""
+    from pathlib import Path
+
+    from plan import launch_builders
+    from plan.buffers import STAGED_DOORBELL, STAGED_INPUTS, STAGED_TARGETS, STAGED_WORDS
+    kernels = Path(__file__).resolve().parents[1] / "plan" / "kernels"
+    ptx = (kernels / "release_stage_in.ptx").read_text()
+    threads = int(re.search(r"\.reqntid (\d+)", ptx).group(1))
+    assert threads == launch_builders.STAGE_IN_WARPS * 32
+    assert threads * 2 * 16 == SL.INPUT_RECORD_BYTES == SL.INPUTS_BYTES + SL.TARGETS_BYTES
+    targets = rf"ld\.relaxed\.sys\.global\.v4\.u32\s+\{{[^}}]*\}}, \[%rd10\+{SL.INPUTS_BYTES}\]"
+    assert re.search(targets, ptx)
+    assert re.search(rf"st\.global\.u32\s+\[%rd8\+{SL.INPUT_RECORD_BYTES}\]", ptx)
+    assert SL.INPUTS == 0 and SL.TARGETS == SL.INPUTS_BYTES             # one contiguous record
+    assert (STAGED_INPUTS, STAGED_TARGETS, STAGED_DOORBELL) == (0, SL.TARGETS // 4,
+                                                                SL.INPUT_RECORD_BYTES // 4)
+    assert STAGED_WORDS > STAGED_DOORBELL
+    for name in PROFILES:
+        prof = profiles.get(name)
+        assert prof.context * 4 == SL.INPUTS_BYTES == SL.TARGETS_BYTES, name
+        for sub in launches.submissions(prof):
+            first = sub.launches[0]
+            assert first.arg("record_ptr").offset == SL.INPUTS
+            assert first.arg("staged_ptr") == launches.BufferRef("staged", 0, "u32")

@@ -54,64 +54,112 @@ def test_inputs_the_hand_computations_use():
 
 
 def test_hand_matmul_mlp_backward_dh():
-    """dh = dab16 (T, 2F) @ [Wgate|Wup] (2F, D): M=1024, N=512, K=5504, 64×64 tiles, EPI_F32."""
+    """dh = dab16 (T, 2F) @ [Wgate|Wup] (2F, D): M=1024, N=512, K=5504, 128×128 tiles, K split in
+    4 ranges (issue 14 item 5): 32 tiles × 4 = 128 programs, EPI_F32 partials (4, T, D)."""
     launch = UPDATE["layers.0.mlp_backward.dh"]
-    c = cm.cost(launch, buffers(PROD), {launch.kernel: cm.KernelStats(64, 65536, 128)})
-    # occupancy: 64 regs × 32 = 2048 per warp → 16384/2048 = 8 warps per sub-partition → 32 warps
-    # → 8 blocks of 4 warps; threads 2048/128 = 16; shared (65536 + 1024 reserved) → 233472 // 66560
-    # = 3 → 3 per SM (shared).  128 tiles (16 × 8) on 396 slots: 1 round, 1 program per busiest SM
-    assert (c.programs, c.per_sm, c.occupancy_limit, c.rounds, c.programs_per_sm) == (128, 3, "shared", 1, 1)
-    assert c.serial_iterations == 5504 // 64 == 86
-    # FLOPs: 2·M·N·K
+    c = cm.cost(launch, buffers(PROD), {launch.kernel: cm.KernelStats(108, 98304, 256)})
+    # occupancy: 108 regs × 32 = 3456 → 3584 per warp → 16384 // 3584 = 4 warps per sub-partition
+    # → 16 warps → 2 blocks of 8 warps; shared (98304 + 1024) → 233472 // 99328 = 2: 2 per SM
+    # (registers, the first of the equal limits).  128 programs on 264 slots: 1 round
+    assert (c.programs, c.per_sm, c.occupancy_limit, c.rounds, c.programs_per_sm) == \
+        (128, 2, "registers", 1, 1)
+    # 86 K chunks of 64 → 22 per split: 22, 22, 22, 20 trips
+    assert c.serial_iterations == 22
     _close(c.flops, 2 * 1024 * 512 * 5504, "flops")
-    # L2: each program loads 86 × (64×64 bf16 of A + 64×64 bf16 of B) and stores 64×64 fp32
-    per_program = 86 * (64 * 64 * 2 + 64 * 64 * 2) + 64 * 64 * 4          # 1,425,408 B
-    _close(c.l2_bytes, 128 * per_program, "l2 bytes")                    # 182,452,224 B
-    # HBM: A once, B once, C once
-    _close(c.hbm_bytes, 1024 * 5504 * 2 + 5504 * 512 * 2 + 1024 * 512 * 4, "hbm bytes")
+    # L2: each trip loads 128×64 bf16 of A and 64×128 bf16 of B (32 KB); each program stores its
+    # 128×128 fp32 partial
+    trip_bytes = 128 * 64 * 2 + 64 * 128 * 2
+    l2 = 32 * 86 * trip_bytes + 128 * 128 * 128 * 4                      # 98,566,144 B
+    _close(c.l2_bytes, l2, "l2 bytes")
+    # HBM: A once, B once, the four partials once
+    _close(c.hbm_bytes, 1024 * 5504 * 2 + 5504 * 512 * 2 + 4 * 1024 * 512 * 4, "hbm bytes")
     b = c.bounds_us
-    # tensor: one program per busiest SM, 45,088,768 FLOP at 640e12/132 per SM
-    _close(b["tensor"]["central"], 2 * 64 * 64 * 5504 / (640e12 / 132) * US, "tensor")    # 9.30 µs
-    # L2: all bytes at 7.5 TB/s (24.33 µs) beat one program's 1.43 MB at 48 B/clk (15.00 µs)
-    _close(b["l2"]["central"], 128 * per_program / 7.5e12 * US, "l2")
-    _close(b["hbm"]["central"], 19_005_440 / 3.8e12 * US, "hbm")                         # 5.00 µs
-    # serial: a trip is max(16 KB at 95.04 GB/s = 0.172 µs, 524,288 FLOP at 4.85 TFLOP/s
-    # = 0.108 µs) + one phase (0.04 µs); the epilogue: 16 KB stored + the first load's 0.6 µs
-    trip = max(16384 / (48 * 1.98e9), 2 * 64 * 64 * 64 / (640e12 / 132)) + 0.04e-6
-    fixed = max(16384 / (48 * 1.98e9), 4096 / (128 * 1.98e9)) + 0.6e-6
-    _close(b["serial"]["central"], (86 * trip + fixed) * US, "serial")                  # 19.04 µs
-    assert c.binding == {"optimistic": "l2", "central": "l2", "pessimistic": "l2"}
-    _close(c.us["central"], (128 * per_program / 7.5e12 + 2.5e-6) * US, "central")      # 26.83 µs
-    _close(c.us["optimistic"], (128 * per_program / 10e12 + 1.5e-6) * US, "optimistic")  # 19.75 µs
-    _close(c.us["pessimistic"], (128 * per_program / 5.5e12 + 3.5e-6) * US, "pessimistic")  # 36.67 µs
-
-
-def test_hand_attention_backward_kv_block_0_chain():
-    """attention_bwd: 64 dK/dV programs (kv block, kv head) then 128 dQ programs; the dK/dV
-    program of kv block 0 runs 2 query heads × 16 query blocks = 32 dependent trips."""
-    launch = UPDATE["layers.0.attention_backward"]
-    c = cm.cost(launch, buffers(PROD), {launch.kernel: cm.KernelStats(208, 58368, 128)})
-    # occupancy: 208 × 32 = 6656 per warp → 16384 // 6656 = 2 warps per sub-partition → 8 warps →
-    # 2 blocks (registers); 192 programs on 264 slots: all start at once, the longest one binds
-    assert (c.programs, c.per_sm, c.occupancy_limit, c.rounds) == (192, 2, "registers", 1)
-    assert c.serial_iterations == 2 * 16 == 32
-    # FLOPs: dK/dV 4 heads × 2 × Σ_{n<16}(16 − n) = 1088 trips of 4 dots; dQ 8 × 136 = 1088 of 3
-    dot = 2 * 64 * 64 * 64
-    _close(c.flops, 1088 * 4 * dot + 1088 * 3 * dot, "flops")
     sm = 640e12 / 132
-    # one dK/dV trip (central): 4 dots on one SM's tensor cores, 4096 exps at 16/clk, 45,056 ALU
-    # ops at 128/clk serialize (0.740 µs); its 25,088 B (qᵀ bf16, dO fp32, lse, delta) at
-    # 95.04 GB/s (0.264 µs) overlap; 5 dependent phases at 0.04 µs
+    # tensor: one program per busiest SM, the largest (22 trips of 2·128·128·64 FLOP)
+    _close(b["tensor"]["central"], 22 * 2 * 128 * 128 * 64 / sm * US, "tensor")        # 9.52 µs
+    # L2: all bytes at 7.5 TB/s (13.14 µs) beat the largest program's 786 KB at 48 B/clk (8.27)
+    _close(b["l2"]["central"], l2 / 7.5e12 * US, "l2")
+    # serial: a trip is max(32 KB at 95.04 GB/s = 0.345 µs, 2.1 MFLOP at 4.85 TFLOP/s = 0.433 µs)
+    # + one phase; the epilogue: 64 KB stored + the first load's 0.6 µs
+    trip = max(trip_bytes / (48 * 1.98e9), 2 * 128 * 128 * 64 / sm) + 0.04e-6
+    fixed = max(65536 / (48 * 1.98e9), 16384 / (128 * 1.98e9)) + 0.6e-6
+    _close(b["serial"]["central"], (22 * trip + fixed) * US, "serial")                  # 11.68 µs
+    assert c.binding == {"optimistic": "l2", "central": "l2", "pessimistic": "l2"}
+    _close(c.us["central"], (l2 / 7.5e12 + 2.5e-6) * US, "central")                     # 15.64 µs
+    _close(c.us["optimistic"], (l2 / 10e12 + 1.5e-6) * US, "optimistic")
+    _close(c.us["pessimistic"], (l2 / 5.5e12 + 3.5e-6) * US, "pessimistic")
+
+
+def test_hand_attention_backward_dkdv_chunks():
+    """attention_bwd (issue 14 item 4): the dK/dV work of each (kv block, kv head) — 2 query heads
+    × the query blocks from the diagonal — cut into chunks of ≤ 5 trips: 244 programs, all
+    resident at once; the total L2 traffic binds, just above the longest chunk's chain."""
+    launch = UPDATE["layers.0.attention_backward"]
+    c = cm.cost(launch, buffers(PROD), {launch.kernel: cm.KernelStats(192, 57856, 128)})
+    # chunks per kv block n: ⌈2·(16 − n) / 5⌉ = 7,6,6,6,5,5,4,4,4,3,3,2,2,2,1,1 (61) × 4 kv heads
+    assert c.programs == 61 * 4 == 244
+    # occupancy: 192 × 32 = 6144 per warp → 16384 // 6144 = 2 warps per sub-partition → 8 warps →
+    # 2 blocks (registers; shared 57,856 + 1,024 B would allow 3); 244 programs on 264 slots:
+    # one round
+    assert (c.per_sm, c.occupancy_limit, c.rounds) == (2, "registers", 1)
+    assert c.serial_iterations == 5
+    dot = 2 * 64 * 64 * 64
+    _close(c.flops, 4 * 2 * 136 * 4 * dot, "flops")                  # 1,088 trips of 4 dots
+    sm = 640e12 / 132
+    # one trip (central): 4 dots, 4096 exps at 16/clk, 45,056 ALU ops at 128/clk serialize
+    # (0.740 µs); qᵀ bf16, dO fp32, lse, delta in and the bf16 ds tile out (33,280 B at 95.04 GB/s,
+    # 0.350 µs) overlap; 5 dependent phases at 0.04 µs
     compute = 4 * dot / sm + 4096 / (16 * 1.98e9) + (10 * 4096 + 64 * 64) / (128 * 1.98e9)
-    trip = max(25088 / (48 * 1.98e9), compute) + 5 * 0.04e-6                         # 0.9396 µs
-    # prologue/epilogue: k, v and the rope rows in (32 KB), bf16 dk, dv out (16 KB), the first
-    # load's latency
-    fixed = max(49152 / (48 * 1.98e9), 8 * 64 * 64 / (128 * 1.98e9)) + 0.6e-6          # 1.117 µs
-    _close(c.bounds_us["serial"]["central"], (32 * trip + fixed) * US, "serial")        # 31.18 µs
+    trip_bytes = 64 * 64 * 2 + 64 * 64 * 4 + 2 * 64 * 4 + 64 * 64 * 2
+    trip = max(trip_bytes / (48 * 1.98e9), compute) + 5 * 0.04e-6                    # 0.9396 µs
+    # the longest program: kv block 13 (6 trips) chunk 0, 5 trips; its prologue/epilogue: k, v in
+    # (16 KB), the fp32 dk′|dv partial out (32 KB), the first load's latency, and the id decode:
+    # 13 kv blocks skipped × 5 dependent integer ops × 8 cycles
+    fixed = 49152 / (48 * 1.98e9) + 0.6e-6 + 13 * 5 * 8 / 1.98e9                     # 1.380 µs
+    _close(c.bounds_us["serial"]["central"], (5 * trip + fixed) * US, "serial")         # 6.08 µs
+    # L2: every program's bytes, 1,088 trips and 244 prologues/epilogues, at 7.5 TB/s
+    l2 = 1088 * trip_bytes + 244 * 49152                                              # 48.2 MB
+    _close(c.l2_bytes, l2, "l2 bytes")
+    _close(c.bounds_us["l2"]["central"], l2 / 7.5e12 * US, "l2")                      # 6.43 µs
+    assert c.binding["central"] == "l2"
+    _close(c.us["central"], (l2 / 7.5e12 + 2.5e-6) * US, "central")                  # 8.93 µs
+    # today's (issue 14 before the split) 33.7 µs: 32 trips of kv block 0 in one program
+
+
+def test_hand_weight_grad_attention_half():
+    """weight_grad of layer 0's attention half (issue 14 item 3): dWo (512, 512) and dWqkv
+    (1024, 512) over K = T = 1024 in 128×128 tiles (16 + 32) with AdamW in the epilogue, then 256
+    norm-row programs (4 rows each, dy as 4 split-K partials, accumulating, bf16 copy)."""
+    launch = UPDATE["layers.0.attention_backward.dW+adamw+norm"]
+    c = cm.cost(launch, buffers(PROD), {launch.kernel: cm.KernelStats(226, 98304, 256)})
+    # occupancy: 226 × 32 = 7232 → 7424 per warp → 16384 // 7424 = 2 warps per sub-partition →
+    # 8 warps → 1 block (registers; shared would allow 2)
+    assert (c.programs, c.per_sm, c.occupancy_limit) == (48 + 256, 1, "registers")
+    sm, clk, path = 640e12 / 132, 1.98e9, 48 * 1.98e9
+    e = 128 * 128
+    # a dW trip: 128×64 + 64×128 bf16 in (32 KB), 2·128·128·64 FLOP, one wgmma wait
+    trip = max(32768 / path, 2 * e * 64 / sm) + 0.04e-6                               # 0.4725 µs
+    # the epilogue: P, M, V in (12 B/elem), P, M, V, w16 out (14 B/elem) at the SM's L2 path
+    # against 3 MUFU + 40 ALU ops per element; the doorbell (an L2 hit), 120 dependent fp64 ops of
+    # the bias corrections, one wait, the first HBM round trip
+    epi = max(26 * e / path, 3 * e / (16 * clk) + 40 * e / (128 * clk))
+    fixed = epi + 0.04e-6 + 120 * 8 / clk + 0.25e-6 + 0.6e-6                           # 5.857 µs
+    dw = 16 * trip + fixed                                                              # 13.42 µs
+    # 132 slots: 48 dW programs and 84 slots working off the 256 short norm programs (≤ 4 each,
+    # 1.29 µs apiece): the dW programs are the chain
+    _close(c.bounds_us["serial"]["central"], dw * US, "serial")
+    # HBM: each product's dy and x once and 26 B per parameter element; the norm's 4 partials,
+    # x, dres read and written (fp32), r, and the bf16 copy
+    hbm = (1024 * 512 * 2 * 2 + 512 * 512 * 26) \
+        + (1024 * 1024 * 2 + 1024 * 512 * 2 + 1024 * 512 * 26) \
+        + 1024 * 512 * 4 * 7 + 1024 * 4 + 1024 * 512 * 2
+    _close(c.hbm_bytes, hbm, "hbm bytes")                                               # 41.4 MB
+    _close(c.bounds_us["hbm"]["central"], hbm / 3.8e12 * US, "hbm")                     # 10.90 µs
+    # L2: one dW program's 16 trips and epilogue (950 KB) over one SM's path beat all bytes
+    _close(c.bounds_us["l2"]["central"], (16 * 32768 + 26 * e) / path * US, "l2")      # 10.00 µs
+    _close(c.flops, 2 * 1024 * (512 * 512 + 1024 * 512), "flops")
     assert c.binding["central"] == "serial"
-    _close(c.us["central"], (32 * trip + fixed + 2.5e-6) * US, "central")               # 33.68 µs
-    # tensor: the kv-block-0 program's 32 × 4 dots exceed two mean programs per SM
-    _close(c.bounds_us["tensor"]["central"], 32 * 4 * dot / sm * US, "tensor")           # 13.84 µs
+    _close(c.us["central"], (dw + 2.5e-6) * US, "central")                              # 15.92 µs
 
 
 @pytest.mark.parametrize("profile", profiles.names())
@@ -150,16 +198,21 @@ def test_json_schema_and_totals():
 
 
 def test_mapped_host_memory_is_counted_where_staging_is_read():
+    """Issue 14 item 2: only the stage-in reads staging (the 8 KiB record and the doorbell);
+    an entry still counts a staging read where a launch takes one (embed_fwd's ids below)."""
     costs = {c.label: c for c in cm.model(PROD, "update", fake_stats(PROD))}
-    adamw = costs["adamw"]
-    assert adamw.programs == 28177 and adamw.staging_requests == 28177       # one doorbell read each
-    embed = costs["embed_backward.dE+w1"]
-    assert embed.staging_read_bytes == 768 * 1024 * 4                         # every program: all ids
     readers = {c.label for c in costs.values() if c.staging_read_bytes}
-    assert readers == {"prelaunch_release", "embed", "cross_entropy", "embed_backward.dE+w1",
-                       "adamw", "final_release"}
+    assert readers == {"prelaunch_release+stage_in"}
+    first = costs["prelaunch_release+stage_in"]
+    assert first.staging_read_bytes == 8192 + 4 and first.staging_requests == 512 + 1
+    embed = UPDATE["embed"]
+    args = tuple((n, launches.StagingRef("INPUTS", 0, "u32") if n == "ids_ptr" else a)
+                 for n, a in embed.args)
+    c = cm.cost(dataclasses.replace(embed, args=args), buffers(PROD), fake_stats(PROD))
+    assert c.staging_read_bytes == 256 * (2 * 4 * 4 + 1024 * 4)          # own ids twice, all ids
     # cached (optimistic): each line once; otherwise every request crosses PCIe
-    assert embed.bounds_us["pcie"]["optimistic"] < 1 < embed.bounds_us["pcie"]["central"]
+    assert c.bounds_us["pcie"]["optimistic"] < 1 < c.bounds_us["pcie"]["central"]
+    assert costs["embed"].bounds_us["pcie"]["central"] == 0
 
 
 def test_unknown_kernel_raises():
@@ -205,7 +258,7 @@ def _measured(tmp_path, rows) -> Path:
 def test_model_beside_a_measured_table(tmp_path):
     stats = fake_stats(PROD)
     costs = {c.label: c for c in cm.model(PROD, "update", stats)}
-    rows = [{"label": "adamw", "kernel": costs["adamw"].kernel, "us": 900.0},
+    rows = [{"label": "cross_entropy", "kernel": costs["cross_entropy"].kernel, "us": 900.0},
             {"label": "layers.0.mlp_backward.dh", "kernel": costs["layers.0.mlp_backward.dh"].kernel,
              "us": costs["layers.0.mlp_backward.dh"].us["central"]},
             {"label": "layers.1.mlp_backward.dh", "kernel": costs["layers.1.mlp_backward.dh"].kernel,
@@ -213,8 +266,9 @@ def test_model_beside_a_measured_table(tmp_path):
     text = cm.report("coppelius", "sm_90a", "update", measured=_measured(tmp_path, rows), stats=stats)
     assert "Model vs measured" in text
     text = text.split("Model vs measured", 1)[1]
-    line = next(ln for ln in text.splitlines() if ln.startswith("| adamw |"))
-    assert "| 900 |" in line and f"{900 / costs['adamw'].us['central']:.2f}" in line and "NO" in line
+    line = next(ln for ln in text.splitlines() if ln.startswith("| cross_entropy |"))
+    ratio = 900 / costs["cross_entropy"].us["central"]
+    assert "| 900 |" in line and f"{ratio:.2f}" in line and "NO" in line
     dh = next(ln for ln in text.splitlines() if ln.startswith("| layers.0.mlp_backward.dh |"))
     assert "| 1.00 | yes |" in dh
     bucket = next(ln for ln in text.splitlines() if ln.startswith("| matmul mlp_backward.dh |")
@@ -226,28 +280,29 @@ def test_model_beside_a_measured_table(tmp_path):
     assert j["measured"] == rows
     assert [e["label"] for e in j["per_launch"] if "measured_us" in e] == \
         [c for c in costs if c in {r["label"] for r in rows}]
-    assert next(e for e in j["per_launch"] if e["label"] == "adamw")["measured_us"] == 900.0
+    assert next(e for e in j["per_launch"] if e["label"] == "cross_entropy")["measured_us"] == 900.0
 
 
 @pytest.mark.parametrize("rows,match", [
     ([{"label": "nope", "kernel": "k", "us": 1.0}], "not in the modelled list"),
-    ([{"label": "adamw", "kernel": "adamw_other", "us": 1.0}], "another build"),
-    ([{"label": "adamw", "us": 1.0}], "'kernel'"),
-    ([{"label": "adamw", "kernel": "x", "us": "fast"}], "'us'"),
-    ({"adamw": 1.0}, "not a list"),
+    ([{"label": "cross_entropy", "kernel": "cross_entropy_other", "us": 1.0}], "another build"),
+    ([{"label": "cross_entropy", "us": 1.0}], "'kernel'"),
+    ([{"label": "cross_entropy", "kernel": "x", "us": "fast"}], "'us'"),
+    ({"cross_entropy": 1.0}, "not a list"),
 ])
 def test_measured_table_refusals(tmp_path, rows, match):
     stats = fake_stats(PROD)
     if isinstance(rows, list) and rows and rows[0].get("kernel") == "x":
-        rows[0]["kernel"] = next(c.kernel for c in cm.model(PROD, "update", stats) if c.label == "adamw")
+        rows[0]["kernel"] = next(c.kernel for c in cm.model(PROD, "update", stats)
+                                 if c.label == "cross_entropy")
     with pytest.raises(UserError, match=match):
         cm.report("coppelius", "sm_90a", "update", measured=_measured(tmp_path, rows), stats=stats)
 
 
 def test_measured_twice_refused(tmp_path):
     stats = fake_stats(PROD)
-    k = next(c.kernel for c in cm.model(PROD, "update", stats) if c.label == "adamw")
-    rows = [{"label": "adamw", "kernel": k, "us": 1.0}] * 2
+    k = next(c.kernel for c in cm.model(PROD, "update", stats) if c.label == "cross_entropy")
+    rows = [{"label": "cross_entropy", "kernel": k, "us": 1.0}] * 2
     with pytest.raises(UserError, match="twice"):
         cm.report("coppelius", "sm_90a", "update", measured=_measured(tmp_path, rows), stats=stats)
 

@@ -54,7 +54,7 @@ def test_every_launch_resolves_to_the_right_addresses(fake, cc, target):
         assert len(f.graphs) == 3
         log = iter(f.launch_log)
         for sub in subs:
-            assert sub.launches[0].function == launches.RELEASE
+            assert sub.launches[0].function == launches.STAGE_IN
             assert sub.launches[-1].function == launches.RELEASE
             for launch in sub.launches:
                 fn, grid, block, shared, addr = next(log)
@@ -292,13 +292,13 @@ def test_a_ptx_the_driver_refuses_names_the_file_and_quotes_the_jit_log(fake):
     from host.backend_cuda import CudaBackend
     log = ("ptxas application ptx input, line 42; error   : Feature 'wgmma.mma_async' requires "
            ".target sm_90a\nptxas fatal   : Ptx assembly aborted due to errors")
-    f = fake((8, 6), jit_errors={"adamw": log})
+    f = fake((8, 6), jit_errors={"cast_bf16": log})
     with pytest.raises(drv.PtxRefused) as err:
         CudaBackend(TINY)
     msg = str(err.value)
     file = ptx.Manifest.load("tiny", "sm_80").entries
-    adamw = next(e for e in file.values() if e.entry == "adamw")
-    assert f"kernels_ptx/tiny/sm_80/{adamw.file.name}" in msg
+    cast = next(e for e in file.values() if e.entry == "cast_bf16")
+    assert f"kernels_ptx/tiny/sm_80/{cast.file.name}" in msg
     assert "CUDA_ERROR_INVALID_PTX" in msg and "line 42" in msg and "Ptx assembly aborted" in msg
     assert err.value.log == log
     assert not f.allocations and not f.host          # refused before any allocation
@@ -335,29 +335,29 @@ def test_an_a100_fits_every_sm80_kernel_and_opts_in_their_shared_memory(fake):
 def test_a_static_shared_need_counts_against_the_limit(fake):
     from host.backend_cuda import CudaBackend, KernelRefused
     tiny_max = max(e.shared for e in ptx.Manifest.load("tiny", "sm_80").entries.values())
-    f = fake((8, 6), functions={"adamw": {"static_shared": 101376 - 8192 + 1}})
-    with pytest.raises(KernelRefused, match="adamw_[0-9a-f]+ needs 101,377 B"):
+    f = fake((8, 6), functions={"cast_bf16": {"static_shared": 101376 + 1}})   # no dynamic shared
+    with pytest.raises(KernelRefused, match="cast_bf16_[0-9a-f]+ needs 101,377 B"):
         CudaBackend(TINY)
     assert tiny_max <= 101376 and not f.allocations
 
 
 def test_more_threads_than_the_function_allows_is_refused(fake):
     from host.backend_cuda import CudaBackend, KernelRefused
-    fake(functions={"adamw": {"max_threads": 128, "regs": 255}})
-    with pytest.raises(KernelRefused, match="adamw_[0-9a-f]+ launches 256 threads per block, the "
-                                            "driver allows 128 at its 255 registers"):
+    fake(functions={"cast_bf16": {"max_threads": 128, "regs": 255}})
+    with pytest.raises(KernelRefused, match="cast_bf16_[0-9a-f]+ launches 256 threads per block, "
+                                            "the driver allows 128 at its 255 registers"):
         CudaBackend(TINY)
 
 
 def test_every_function_is_loaded_with_its_attributes_at_start(fake):
     from host.backend_cuda import CudaBackend
-    fake(functions={"adamw": {"regs": 77, "local": 16, "spill": 8}})
+    fake(functions={"cast_bf16": {"regs": 77, "local": 16, "spill": 8}})
     with CudaBackend(TINY) as b:
         assert set(b.kernels) == set(b.manifest.entries)
-        adamw = next(k for k in b.kernels.values() if k.function == "adamw")
-        assert adamw.attributes == drv.FunctionAttributes(registers=77, local_bytes=16,
-                                                          static_shared=0, max_threads=1024)
-        assert adamw.spills == (8, 8)
+        cast = next(k for k in b.kernels.values() if k.function == "cast_bf16")
+        assert cast.attributes == drv.FunctionAttributes(registers=77, local_bytes=16,
+                                                         static_shared=0, max_threads=1024)
+        assert cast.spills == (8, 8)
 
 
 def test_doctor_reports_each_modules_functions_as_the_driver_does(fake, capsys):
@@ -365,14 +365,14 @@ def test_doctor_reports_each_modules_functions_as_the_driver_does(fake, capsys):
     import json
 
     from host import cmd_doctor
-    fake(functions={"adamw": {"regs": 77, "local": 16, "spill": 8}})
+    fake(functions={"cast_bf16": {"regs": 77, "local": 16, "spill": 8}})
     assert cmd_doctor.run(argparse.Namespace(profile="tiny", json=True)) == 0
     report = json.loads(capsys.readouterr().out)
     files = {m["file"] for m in report["modules"]}
     assert files == {e.file.name for e in ptx.Manifest.load("tiny", "sm_90a").entries.values()}
-    adamw = next(f for m in report["modules"] for f in m["functions"] if f["entry"] == "adamw")
-    assert (adamw["registers"], adamw["local_bytes"], adamw["spill_stores"]) == (77, 16, 8)
-    assert adamw["threads"] == 256 and adamw["max_threads"] == 1024
+    cast = next(f for m in report["modules"] for f in m["functions"] if f["entry"] == "cast_bf16")
+    assert (cast["registers"], cast["local_bytes"], cast["spill_stores"]) == (77, 16, 8)
+    assert cast["threads"] == 256 and cast["max_threads"] == 1024
 
 
 @pytest.mark.parametrize("version,driver,refused", [

@@ -1,5 +1,6 @@
 """Issue #7: AdamW and the bf16 cast in Triton's interpreter against the reference learner:
-t formed from t_base + doorbell, gains not decayed, bf16 copy written, awkward N."""
+t formed from t_base + doorbell, gains not decayed, bf16 copy written, awkward N.  (Issue 14: the
+whole-plane kernel is the oracle of the fused updates, tests/test_kernels_weight_grad.py.)"""
 from __future__ import annotations
 
 import numpy as np
@@ -7,7 +8,7 @@ import pytest
 from kernels_support import assert_close, assert_written, f32, poisoned
 
 import torch
-from plan import launches, profiles
+from plan import launch_builders, profiles
 from plan import reference as ref
 from plan.kernels.adamw import adamw, cast_bf16
 
@@ -28,9 +29,9 @@ def _tiny_planes(rng, n):
 @pytest.mark.parametrize("t_base,doorbell", [(-1, 2), (4998, 7)])
 def test_adamw_matches_reference_learner(t_base, doorbell):
     prof = profiles.get("tiny")
-    launch = [x for x in launches.submissions(prof)[1].launches if x.function == "adamw"][0]
-    consts = dict(launch.constexprs)
-    consts["BLOCK"] = 4096                               # 123 programs, last one partial
+    # the whole-plane kernel runs in no launch list any more (issue 14: AdamW rides in the
+    # weight-gradient epilogues and embed_grad); it stays the oracle those are checked against
+    consts = launch_builders.adamw_constexprs(prof, 4096)   # 123 programs, last one partial
     n = prof.parameter_count
     rng = np.random.default_rng(t_base + 5)
     P, M, V, G = _tiny_planes(rng, n)

@@ -16,7 +16,7 @@ import torch
 from plan import profiles
 from plan import reference as ref
 from plan.kernels import meta
-from plan.kernels.matmul import matmul, matmul_delta, matmul_norm, matmul_rotary, matmul_swiglu
+from plan.kernels.matmul import matmul, matmul_delta, matmul_residual, matmul_rotary, matmul_swiglu
 from plan.launch_matmul import matmul_rotary as build_matmul_rotary
 from plan.launch_refs import Context, layer_refs
 
@@ -41,7 +41,8 @@ def _grid(m, n):
 def _run(a, b, m, n, k, a_t, b_t, epilogue, aux=None, out_dtype=torch.float32, out_shape=None):
     c = poisoned(out_shape or (m, n), out_dtype)
     aux = c if aux is None else aux
-    matmul[_grid(m, n)](a, b, c, aux, m, n, k, A_T=a_t, B_T=b_t, EPILOGUE=epilogue, **BLOCKS)
+    matmul[_grid(m, n)](a, b, c, aux, m, n, k, A_T=a_t, B_T=b_t, EPILOGUE=epilogue, SPLIT_K=1,
+                         **BLOCKS)
     assert_written("c", c)
     return c
 
@@ -97,6 +98,42 @@ def test_matmul_residual_epilogue_is_out_proj(shape):
     assert_close("out_proj", f32(got), ref.out_proj(x, o, wo), SAME_OPERANDS)
 
 
+SSQ_PARTS = 3                     # the producer's column tiles feeding a norm prologue (any split)
+
+
+def _ssq(x: np.ndarray, parts: int = SSQ_PARTS) -> torch.Tensor:
+    """(parts, M) per-row Σ x² over `parts` column chunks: what a residual producer writes."""
+    bounds = np.linspace(0, x.shape[1], parts + 1).astype(int)
+    return torch.from_numpy(np.stack([(x[:, a:b] * x[:, a:b]).sum(1, dtype=np.float32)
+                                      for a, b in zip(bounds[:-1], bounds[1:])]))
+
+
+@pytest.mark.parametrize("shape", SHAPE_IDS)
+def test_matmul_residual_is_out_proj_and_writes_the_rows_sums_of_squares(shape):
+    M, N, K = SHAPES[shape]
+    x = RNG.standard_normal((M, N)).astype(np.float32)            # residual (T, D)
+    o = RNG.standard_normal((M, K)).astype(np.float32)            # attention output (T, H·d)
+    wo = RNG.standard_normal((N, K)).astype(np.float32) * 0.05
+    out = poisoned((M, N))
+    parts = cdiv(N, BLOCK)
+    ssq = poisoned((parts + 1, M))                                # a spare row: not written
+    matmul_residual[_grid(M, N)](bf16_tensor(o), bf16_tensor(wo), torch.from_numpy(x), out, ssq,
+                                 M, N, K, **BLOCKS)
+    assert_written("out", out)
+    assert_written("ssq", ssq[:parts])
+    assert_unwritten("ssq past the column tiles", ssq[parts:])
+    want = ref.out_proj(x, o, wo)
+    assert_close("out_proj", f32(out), want, SAME_OPERANDS)
+    got = f32(out)                                                # the sums are of what it stored
+    for c in range(parts):
+        cols = got[:, c * BLOCK:(c + 1) * BLOCK]
+        assert_close(f"ssq part {c}", f32(ssq[c]), (cols * cols).sum(1), ELEMENTWISE)
+    # and their sum is rmsnorm's: the consumer's r
+    _, r = ref.rmsnorm(want)
+    rr = 1 / np.sqrt(f32(ssq[:parts]).sum(0) / np.float32(N) + np.float32(1e-6))
+    assert_close("r from ssq", rr, r, ELEMENTWISE)
+
+
 def _swiglu_reference(M, D, F):
     x = RNG.standard_normal((M, D)).astype(np.float32)
     wg, wu = (RNG.standard_normal((F, D)).astype(np.float32) * 0.1 for _ in range(2))
@@ -104,17 +141,15 @@ def _swiglu_reference(M, D, F):
     return x, wg, wu, wd, ref.mlp(x, wg, wu, wd)
 
 
-def _check_prologue(h16, rstd, x, g=None):
-    """The norm the prologue stored: rstd as rmsnorm's r, h16 = bf(x·r[·g]) bit for bit from it."""
+def _check_prologue(h16, rstd, x):
+    """The norm the prologue stored: rstd as rmsnorm's r, h16 = bf(x·r) bit for bit from it."""
     assert_written("h16", h16)
     assert_written("rstd", rstd)
     y, r = ref.rmsnorm(x)
     assert_close("rstd", f32(rstd), r, ELEMENTWISE)
-    want = y if g is None else ref.final_norm(x, g).hf
-    assert_close("h16 vs reference", f32(h16), ref.bf16(want), ONE_BF16_ULP)
+    assert_close("h16 vs reference", f32(h16), ref.bf16(y), ONE_BF16_ULP)
     mine = x * f32(rstd)[:, None]                                 # the kernel's own r, same fp32 ops
-    mine = mine if g is None else mine * g
-    assert_bitwise("h16 is bf(x·r[·g]) of the stored r", f32(h16), ref.bf16(mine))
+    assert_bitwise("h16 is bf(x·r) of the stored r", f32(h16), ref.bf16(mine))
 
 
 @pytest.mark.parametrize("shape", SHAPE_IDS)
@@ -124,8 +159,8 @@ def test_matmul_swiglu_is_the_mlp_stage_with_the_norm_in_its_prologue(shape):
     ab = poisoned((M, 2 * F))
     z = poisoned((M, F), torch.bfloat16)
     h16, rstd = poisoned((M, D), torch.bfloat16), poisoned((M,))
-    matmul_swiglu[_grid(M, F)](torch.from_numpy(x), bf16_tensor(wg), bf16_tensor(wu), ab, z, h16, rstd,
-                               M, F, D, **BLOCKS)
+    matmul_swiglu[_grid(M, F)](torch.from_numpy(x), _ssq(x), bf16_tensor(wg), bf16_tensor(wu), ab,
+                               z, h16, rstd, M, F, D, SSQ_PARTS=SSQ_PARTS, **BLOCKS)
     assert_written("ab", ab)
     assert_written("z", z)
     _check_prologue(h16, rstd, x)
@@ -134,22 +169,6 @@ def test_matmul_swiglu_is_the_mlp_stage_with_the_norm_in_its_prologue(shape):
     assert_close("b", f32(ab)[:, F:], hb @ ref.bf16(wu).T, SAME_OPERANDS)
     assert_close("a vs stage", f32(ab)[:, :F], m.a, ONE_BF16_ULP)
     assert_close("z", f32(z), ref.bf16(m.z), 2 * ONE_BF16_ULP)
-
-
-@pytest.mark.parametrize("shape", SHAPE_IDS)
-def test_matmul_norm_is_final_norm_then_head(shape):
-    M, Vh, Dm = SHAPES[shape]
-    x = (3 * RNG.standard_normal((M, Dm))).astype(np.float32)
-    g = (1 + 0.1 * RNG.standard_normal(Dm)).astype(np.float32)
-    w = RNG.standard_normal((Vh, Dm)).astype(np.float32)
-    logits = poisoned((M, Vh))
-    h16, rstd = poisoned((M, Dm), torch.bfloat16), poisoned((M,))
-    matmul_norm[_grid(M, Vh)](torch.from_numpy(x), torch.from_numpy(g), bf16_tensor(w), logits, h16,
-                              rstd, M, Vh, Dm, **BLOCKS)
-    assert_written("logits", logits)
-    _check_prologue(h16, rstd, x, g)
-    assert_close("logits", f32(logits), f32(h16) @ ref.bf16(w).T, SAME_OPERANDS)
-    assert_close("logits vs stage", f32(logits), ref.head(ref.final_norm(x, g).hf, w), ONE_BF16_ULP)
 
 
 @pytest.mark.parametrize("shape", SHAPE_IDS)
@@ -193,9 +212,10 @@ def test_matmul_rotary_is_qkv_then_rotary(Tr, Dm, H, G, bn):
     rope = torch.from_numpy(np.concatenate([cos, sin], axis=1))
     out = poisoned((Tr, W), torch.bfloat16)
     h16, rstd = poisoned((Tr, Dm), torch.bfloat16), poisoned((Tr,))
-    matmul_rotary[(cdiv(Tr, 128) * cdiv(W, bn),)](torch.from_numpy(x), bf16_tensor(w), out, rope, h16,
-                                                  rstd, Tr, W, Dm, ROTATED=H + G, HEAD_DIM=d,
-                                                  BLOCK_M=128, BLOCK_N=bn, BLOCK_K=32, GROUP_M=2)
+    matmul_rotary[(cdiv(Tr, 128) * cdiv(W, bn),)](torch.from_numpy(x), _ssq(x, 1), bf16_tensor(w),
+                                                  out, rope, h16, rstd, Tr, W, Dm, SSQ_PARTS=1,
+                                                  ROTATED=H + G, HEAD_DIM=d, BLOCK_M=128,
+                                                  BLOCK_N=bn, BLOCK_K=32, GROUP_M=2)
     assert_written("qkv16", out)
     _check_prologue(h16, rstd, x)
     # NUMERICS qkv then rotary: q = bf(h) @ bf(Wq)ᵀ (fp32), rotated, then bf() for attention;
@@ -243,5 +263,5 @@ def test_fused_head_tiles_refuse_tiles_that_split_a_head():
     ctx.tu = dataclasses.replace(ctx.tu, mm_tiles=((128, 48), (64, 16)))
     ly = layer_refs(ctx, 0)
     with pytest.raises(ValueError, match="whole heads of 32 columns"):
-        build_matmul_rotary(ctx, x=ly.resid_attn, w=ly.wqkv, qkv=ly.qkv16, h16=ly.h16_attn,
-                            rstd=ly.rstd_attn, label="refused")
+        build_matmul_rotary(ctx, x=ly.resid_attn, ssq=ly.ssq_attn, w=ly.wqkv, qkv=ly.qkv16,
+                            h16=ly.h16_attn, rstd=ly.rstd_attn, label="refused")

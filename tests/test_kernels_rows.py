@@ -15,11 +15,13 @@ from kernels_support import (ELEMENTWISE, ONE_BF16_ULP, assert_bitwise, assert_c
                              poisoned)
 
 import torch
+from plan import launch_builders, profiles
 from plan import reference as ref
+from plan.kernels.adamw import adamw
 from plan.kernels.copy import copy_f32
 from plan.kernels.cross_entropy import cross_entropy, predictions
 from plan.kernels.embed_grad import embed_grad
-from plan.kernels.norms import embed_fwd, rmsnorm_bwd, rmsnorm_bwd_gain
+from plan.kernels.norms import embed_fwd, final_norm, rmsnorm_bwd, rmsnorm_bwd_gain
 
 RNG = np.random.default_rng(11)
 BLOCK_R = 16                   # rows per norm program
@@ -27,6 +29,10 @@ GAIN = dict(GAIN_ROWS=16, GAIN_COLS=32)
 VOCAB_BLOCK = 16               # embed_grad vocabulary rows per program
 CE_ROWS = 8
 HEAD_DIM = 32                  # the rotary table embed_fwd writes
+PROFILE = profiles.get("tiny")  # the learner's constants
+LEARNER = launch_builders.learner_constexprs(PROFILE)
+T_BASE, DOORBELL = 41, 3       # t = 44
+GAP = 13                       # P-plane words between E and the gains
 
 
 @dataclass(frozen=True)
@@ -86,8 +92,8 @@ def _links(s: Rows, ids: np.ndarray) -> torch.Tensor:
     nxt = poisoned((s.T,), torch.int32)
     embed_fwd[s.grid](_t(ids.view(np.int32)), _t(np.ones((s.V, s.D), np.float32)),
                       _t(np.ones(s.D, np.float32)), poisoned((s.T, s.D)), poisoned((s.T,)),
-                      poisoned((s.T, s.D)), poisoned((s.T, HEAD_DIM)), nxt, s.T,
-                      HEAD_DIM=HEAD_DIM, BLOCK_T=s.block_t, **s.norm)
+                      poisoned((s.T, s.D)), poisoned((1, s.T)), poisoned((s.T, HEAD_DIM)), nxt, s.T,
+                      HEAD_DIM=HEAD_DIM, SSQ_PARTS=1, BLOCK_T=s.block_t, **s.norm)
     assert_written("next", nxt)
     return nxt
 
@@ -105,10 +111,19 @@ def test_embed_fwd_is_the_embed_stage_and_writes_the_rotary_table_and_links(shap
     ids[[r for r in (3, 40) if r < T]] = ids[T - 1]             # a chain ending at the last row
     rope = poisoned((T + 3, d))                                  # rows past T stay unwritten
     nxt = poisoned((T + 3,), torch.int32)
-    embed_fwd[s.grid](_t(ids.view(np.int32)), _t(E), _t(g), emb, rstd, x, rope, nxt, T, HEAD_DIM=d,
-                      BLOCK_T=s.block_t, **s.norm)
-    for name, t in (("emb", emb), ("rstd", rstd), ("x", x), ("rope", rope[:T]), ("next", nxt[:T])):
+    parts = 4                                                    # BLOCK_D / 4 columns each
+    ssq = poisoned((parts * T + 5,))                             # (parts, T), then spare words
+    embed_fwd[s.grid](_t(ids.view(np.int32)), _t(E), _t(g), emb, rstd, x, ssq, rope, nxt, T,
+                      HEAD_DIM=d, SSQ_PARTS=parts, BLOCK_T=s.block_t, **s.norm)
+    for name, t in (("emb", emb), ("rstd", rstd), ("x", x), ("rope", rope[:T]), ("next", nxt[:T]),
+                    ("ssq", ssq[:parts * T])):
         assert_written(name, t)
+    assert_unwritten("embed_fwd's ssq past (parts, T)", ssq[parts * T:])
+    width, got_x = next_pow2(D) // parts, f32(x)                 # the sums are of what it stored
+    for c in range(parts):
+        cols = got_x[:, c * width:(c + 1) * width]
+        assert_close(f"ssq part {c}", f32(ssq[c * T:(c + 1) * T]), (cols * cols).sum(1),
+                     ELEMENTWISE)
     assert_unwritten("embed_fwd's rope rows past T", rope[T:])
     assert_unwritten("embed_fwd's links past T", nxt[T:])
     assert_bitwise("next-row links", nxt[:T].numpy(), _next_rows(ids))
@@ -119,6 +134,26 @@ def test_embed_fwd_is_the_embed_stage_and_writes_the_rotary_table_and_links(shap
     cos, sin = ref.rotary_tables(type("P", (), {"context": T, "head_dim": d})())
     assert_close("cos", f32(rope[:T, :d // 2]), cos, ELEMENTWISE)
     assert_close("sin", f32(rope[:T, d // 2:]), sin, ELEMENTWISE)
+
+
+@pytest.mark.parametrize("shape", SHAPE_IDS)
+def test_final_norm_writes_the_heads_bf16_input_once(shape):
+    """hf = rmsnorm(x)·g as bf16 (the head's operand: NUMERICS final_norm then head) and r."""
+    s = SHAPES[shape]
+    T, D = s.T, s.D
+    x = (3 * RNG.standard_normal((T, D))).astype(np.float32)
+    g = (1 + 0.1 * RNG.standard_normal(D)).astype(np.float32)
+    h16, rstd = poisoned((T + 3, D), torch.bfloat16), poisoned((T + 3,))   # rows past T unwritten
+    final_norm[s.grid](_t(x), _t(g), h16, rstd, T, **s.norm)
+    assert_written("h16", h16[:T])
+    assert_written("rstd", rstd[:T])
+    assert_unwritten("final_norm's rows past T", h16[T:])
+    assert_unwritten("final_norm's rstd past T", rstd[T:])
+    want = ref.final_norm(x, g)
+    assert_close("rstd", f32(rstd[:T]), want.r, ELEMENTWISE)
+    assert_close("hf", f32(h16[:T]), ref.bf16(want.hf), ONE_BF16_ULP)
+    mine = (x * f32(rstd[:T])[:, None]) * g                       # its own r, the same fp32 ops
+    assert_bitwise("h16 is bf(x·r·g) of the stored r", f32(h16[:T]), ref.bf16(mine))
 
 
 @pytest.mark.parametrize("shape", SHAPE_IDS)
@@ -133,18 +168,21 @@ def test_rmsnorm_bwd_variants_match_reference(shape):
     # final norm: gain, no accumulation, bf16 copy, and the gain gradient beside it
     dx, dx16, dg = poisoned((T, D)), poisoned((T, D), torch.bfloat16), poisoned((D,))
     rmsnorm_bwd_gain[s.gain_grid](_t(dy), _t(x), _t(r), _t(g), dx, dx16, dg, T, WRITE_BF16=True,
-                                  **s.norm, **GAIN)
+                                  DY_PARTS=1, **s.norm, **GAIN)
     want, want_dg = ref.final_norm_backward(dy, y, r, g)
     for name, t in (("dx", dx), ("dx16", dx16), ("dg", dg)):
         assert_written(name, t)
     assert_close("final_norm_backward", f32(dx), want, ELEMENTWISE)
     assert_close("bf16 copy", f32(dx16), ref.bf16(f32(dx)), 0.0)
     assert_close("final_norm_backward.dg", f32(dg), want_dg, 1e-5)
-    # inside a layer: no gain, accumulate into the residual gradient
+    # inside a layer: no gain, accumulate into the residual gradient; dy as three split-K
+    # partials (issue 14), added in order
     acc = _t(dres.copy())
-    rmsnorm_bwd[s.grid](_t(dy), _t(x), _t(r), _t(g), acc, poisoned((T, D), torch.bfloat16), T,
-                        HAS_GAIN=False, ACCUMULATE=True, WRITE_BF16=True, **s.norm)
-    assert_close("residual + rmsnorm_backward", f32(acc), dres + ref.rmsnorm_backward(dy, y, r),
+    parts = np.stack([dy, RNG.standard_normal((T, D)).astype(np.float32), -dy])
+    rmsnorm_bwd[s.grid](_t(parts), _t(x), _t(r), _t(g), acc, poisoned((T, D), torch.bfloat16), T,
+                        HAS_GAIN=False, ACCUMULATE=True, WRITE_BF16=True, DY_PARTS=3, **s.norm)
+    dy3 = (parts[0] + parts[1]) + parts[2]
+    assert_close("residual + rmsnorm_backward", f32(acc), dres + ref.rmsnorm_backward(dy3, y, r),
                  ELEMENTWISE)
 
 
@@ -160,7 +198,7 @@ def test_gain_grad_is_a_fixed_order_row_sum(shape):
     def run():
         dg = poisoned((D + 3,))                                    # words past D stay unwritten
         rmsnorm_bwd_gain[s.gain_grid](_t(dy), _t(x), _t(r), ones, poisoned((T, D)), poisoned((1,)),
-                                      dg, T, WRITE_BF16=False, **s.norm, **GAIN)
+                                      dg, T, WRITE_BF16=False, DY_PARTS=1, **s.norm, **GAIN)
         assert_unwritten("rmsnorm_bwd_gain's dg past D", dg[D:])
         return dg[:D]
 
@@ -207,25 +245,66 @@ def test_predictions_argmax_and_validity(shape):
     assert pred.tolist() == [[5, 1], [4, 0], [int(np.argmax(logits[T - 1])), 1]]
 
 
+def _embed_grad(s: Rows, ids, nxt, de, dgain, w1_words: int):
+    """Run embed_grad on fresh P/M/V planes: E (V, D) at 0, then the gains at GAP words after
+    it and after each other → (planes before, planes after, w1)."""
+    V, D = s.V, s.D
+    n = V * D + 3 * GAP + 2 * D
+    before = [(0.02 * RNG.standard_normal(n)).astype(np.float32),
+              (1e-3 * RNG.standard_normal(n)).astype(np.float32),
+              np.abs(1e-6 * RNG.standard_normal(n)).astype(np.float32)]
+    pmv = _t(np.concatenate(before))
+    g0, g1 = V * D + GAP, V * D + 2 * GAP + D
+    w1 = poisoned((w1_words + 5,))                                # words past the window: unwritten
+    embed_grad[(cdiv(V, VOCAB_BLOCK) + 1,)](
+        _t(ids.view(np.int32)), nxt, de, pmv, pmv[g0:], pmv[g1:], _t(dgain), w1,
+        torch.tensor([DOORBELL], dtype=torch.int32), T_BASE, s.T, V, n, D=D, W1_WORDS=w1_words,
+        BLOCK_V=VOCAB_BLOCK, BLOCK_T=s.block_t, BLOCK_D=next_pow2(D), **LEARNER)
+    got = f32(pmv)
+    return before, [got[:n], got[n:2 * n], got[2 * n:]], w1, (g0, g1)
+
+
+def _adamw_oracle(g, P, M, V, decayed: bool):
+    """Today's whole-plane adamw kernel on one parameter (decayed, or a gain)."""
+    n = g.size
+    pmv = _t(np.concatenate([P, M, V]))
+    lo, hi = (n, n) if decayed else (0, n)
+    c = dict(launch_builders.adamw_constexprs(PROFILE, 1024), GAIN0_START=lo, GAIN0_END=hi,
+             GAIN1_START=n, GAIN1_END=n, EMBED_START=0, EMBED_END=n)
+    adamw[(cdiv(n, 1024),)](pmv, _t(g.reshape(-1)), poisoned((n,), torch.bfloat16),
+                            torch.tensor([DOORBELL], dtype=torch.int32), T_BASE, n, **c)
+    out = f32(pmv)
+    return out[:n], out[n:2 * n], out[2 * n:]
+
+
 @pytest.mark.parametrize("shape", SHAPE_IDS)
-def test_embed_grad_sums_rows_in_order_and_zeroes_absent_ids(shape):
+def test_embed_grad_sums_rows_in_order_and_applies_adamw(shape):
     s = SHAPES[shape]
     T, D, V = s.T, s.D, s.V
     de = RNG.standard_normal((T, D)).astype(np.float32)
     ids = RNG.integers(0, min(40, V), T).astype(np.uint32)       # many repeats, most ids absent
     ids[5:9] = 7
     nxt = _links(s, ids)
-    dE = poisoned((V, D))
-    w1 = poisoned((s.w1_words + 5,))                             # words past the window stay unwritten
-    embed_grad[(cdiv(V, VOCAB_BLOCK),)](_t(ids.view(np.int32)), nxt, _t(de), dE, w1, T, V, D=D,
-                                        W1_WORDS=s.w1_words, BLOCK_V=VOCAB_BLOCK, BLOCK_T=s.block_t,
-                                        BLOCK_D=next_pow2(D))
-    assert_written("dE", dE)
+    dgain = RNG.standard_normal((2, D)).astype(np.float32)
+    before, after, w1, (g0, g1) = _embed_grad(s, ids, nxt, _t(de), dgain, s.w1_words)
     want = np.zeros((V, D), np.float32)
     np.add.at(want, ids.astype(np.int64), de)                     # sequential: increasing rows
-    assert_bitwise("dE vs the in-order row sums", f32(dE), want)
-    assert_bitwise("w1 vs dE's first words", f32(w1)[:s.w1_words], want.reshape(-1)[:s.w1_words])
+    assert_bitwise("w1 vs the in-order row sums", f32(w1)[:s.w1_words],
+                   want.reshape(-1)[:s.w1_words])
     assert_unwritten("embed_grad's w1 past its window", w1[s.w1_words:])
+    # E: today's adamw on the in-order sums (absent ids: g = 0, decay and moment decay)
+    E = slice(0, V * D)
+    for name, got, wnt in zip("PMV", after, _adamw_oracle(want, *(b[E] for b in before), True)):
+        assert_bitwise(f"E's {name} vs today's adamw on dE", got[E], wnt)
+    for i, off in enumerate((g0, g1)):                            # the gains: not decayed
+        sl = slice(off, off + D)
+        oracle = _adamw_oracle(dgain[i], *(b[sl] for b in before), False)
+        for name, got, wnt in zip("PMV", after, oracle):
+            assert_bitwise(f"gain {i} {name} vs today's adamw", got[sl], wnt)
+    rest = np.ones(before[0].size, bool)
+    rest[E] = rest[g0:g0 + D] = rest[g1:g1 + D] = False
+    for name, b, a in zip("PMV", before, after):
+        assert_bitwise(f"{name} outside E and the gains", a[rest], b[rest])
 
 
 @pytest.mark.parametrize("shape", SHAPE_IDS)
@@ -239,14 +318,12 @@ def test_embed_backward_stage_end_to_end(shape):
     y, r = ref.rmsnorm(x)
     de, dg = poisoned((T, D)), poisoned((D,))
     rmsnorm_bwd_gain[s.gain_grid](_t(dx), _t(x), _t(r), _t(g), de, de, dg, T, WRITE_BF16=False,
-                                  **s.norm, **GAIN)
+                                  DY_PARTS=1, **s.norm, **GAIN)
     nxt = _links(s, ids)
-    dE = poisoned((V, D))
-    embed_grad[(cdiv(V, VOCAB_BLOCK),)](_t(ids.view(np.int32)), nxt, de, dE, poisoned((s.w1_words,)),
-                                        T, V, D=D, W1_WORDS=s.w1_words, BLOCK_V=VOCAB_BLOCK,
-                                        BLOCK_T=s.block_t, BLOCK_D=next_pow2(D))
+    words = V * D                                                 # all of dE through w1
+    _, _, w1, _ = _embed_grad(s, ids, nxt, de, np.zeros((2, D), np.float32), words)
     want, want_dg = ref.embed_backward(dx, y, r, g, ids.astype(np.int64), V)
-    assert_close("dE", f32(dE), want, ELEMENTWISE)
+    assert_close("dE", f32(w1)[:words].reshape(V, D), want, ELEMENTWISE)
     assert_close("embed_backward.dg", f32(dg), want_dg, 1e-5)
 
 

@@ -16,8 +16,8 @@ from plan import launches, profiles
 
 # profile: (sha256 of the launch lists, launches per submission, distinct compiled entries)
 PINS = {
-    "coppelius": ("a1814417b94a35bc9c3b01df2af73b3ed107ba7d2205e9f84a3c61cd62783b24", (54, 155, 53), 23),
-    "tiny": ("d75c7a3179ac095679fe887365707b8d111621b8415cd95375813baf2a8b4748", (19, 43, 18), 21),
+    "coppelius": ("73bfc9c7b9dce3497ec57d1ef6590dce55122914c55fa7dfc6c2419219f4bb1a", (64, 136, 63), 23),
+    "tiny": ("f762603f2b4d70b8b88f1308c2dc854d38735ab95bf8a3c369b04a7f70d84cf2", (22, 38, 21), 23),
 }
 
 

@@ -87,11 +87,11 @@ def test_a_pointer_without_its_offset_fails(monkeypatch):
     instead, the kernel overwrites slab 0 (its own residual input: a stray write) and the owned
     tiles of slab 1 stay poison."""
     launch = next(l for l in KERNELS.values() if l.label == "layers.0.out_proj")
-    assert launch.arg("c_ptr").offset == PROFILE.context * PROFILE.width
+    assert launch.arg("out_ptr").offset == PROFILE.context * PROFILE.width
     resolve = ps.Case.resolve
 
     def base_only(case, arg):
-        if arg is launch.arg("c_ptr"):
+        if arg is launch.arg("out_ptr"):
             arg = launches.BufferRef(arg.buffer, 0, arg.dtype)
         return resolve(case, arg)
 
@@ -99,7 +99,7 @@ def test_a_pointer_without_its_offset_fails(monkeypatch):
     with pytest.raises(AssertionError) as err:
         ps.check_launch(launch, SPECS, PROFILE)
     assert "stray write" in str(err.value) and "resid element 0 (0, 0, 0)" in str(err.value)
-    assert "c_ptr (program 0): 64+ owned elements never written" in str(err.value)
+    assert "out_ptr (program 0): 64+ owned elements never written" in str(err.value)
 
 
 def test_a_stray_write_and_an_unwritten_tile_fail():
@@ -112,8 +112,8 @@ def test_a_stray_write_and_an_unwritten_tile_fail():
                       "c_ptr": launches.BufferRef("c", 0, "fp32"), "aux_ptr": launches.BufferRef("c", 0, "fp32"),
                       "M": launches.Scalar("i32", M), "N": launches.Scalar("i32", N),
                       "K": launches.Scalar("i32", K)},
-                     {"A_T": False, "B_T": True, "EPILOGUE": meta.EPI_F32, "BLOCK_M": 16,
-                      "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2}, specs)
+                     {"A_T": False, "B_T": True, "EPILOGUE": meta.EPI_F32, "SPLIT_K": 1,
+                      "BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2}, specs)
     entry = ps.REGISTRY["matmul"]
     real = entry.expect
 
@@ -129,18 +129,19 @@ def test_a_stray_write_and_an_unwritten_tile_fail():
     assert "stray write" in str(err.value) and "never written" in str(err.value)
 
 
-def _matmul_small(M, N, K, bm, bn, g, slab):
-    """matmul at an awkward size writing slab 1 of a 3-slab buffer (an offset as in the plan)."""
+def _matmul_small(M, N, K, bm, bn, g, slab, splits=1):
+    """matmul at an awkward size writing slab 1 of a 3-slab buffer (an offset as in the plan);
+    with splits > 1 its (splits, M, N) partials from there."""
     specs = {"a": _spec("a", "bf16", (K, M)), "b": _spec("b", "bf16", (K, N)),
-             "c": _spec("c", "fp32", (3, M, N))}
-    return _launch("plan.kernels.matmul", "matmul", (ps.cdiv(M, bm) * ps.cdiv(N, bn),),
+             "c": _spec("c", "fp32", (3 + splits, M, N))}
+    return _launch("plan.kernels.matmul", "matmul", (ps.cdiv(M, bm) * ps.cdiv(N, bn) * splits,),
                    {"a_ptr": launches.BufferRef("a", 0, "bf16"), "b_ptr": launches.BufferRef("b", 0, "bf16"),
                     "c_ptr": launches.BufferRef("c", slab * M * N, "fp32"),
                     "aux_ptr": launches.BufferRef("c", 0, "fp32"),
                     "M": launches.Scalar("i32", M), "N": launches.Scalar("i32", N),
                     "K": launches.Scalar("i32", K)},
-                   {"A_T": True, "B_T": False, "EPILOGUE": meta.EPI_F32, "BLOCK_M": bm,
-                    "BLOCK_N": bn, "BLOCK_K": 32, "GROUP_M": g}, specs), specs
+                   {"A_T": True, "B_T": False, "EPILOGUE": meta.EPI_F32, "SPLIT_K": splits,
+                    "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 32, "GROUP_M": g}, specs), specs
 
 
 def test_matmul_tile_mapping_is_the_kernels():
@@ -155,20 +156,93 @@ def test_matmul_tile_mapping_is_the_kernels():
         ps.check_launch(launch, specs, pids=[pid])
 
 
-def test_attention_bwd_program_mapping_is_the_kernels():
-    T, H, G, d, bm, bn = 64, 4, 2, 16, 32, 16
-    specs = {"qkv": _spec("qkv", "bf16", (T, (H + 2 * G) * d)), "do": _spec("do", "fp32", (T, H * d)),
-             "lse": _spec("lse", "fp32", (H, T)), "delta": _spec("delta", "fp32", (H, T)),
-             "rope": _spec("rope", "fp32", (T, d)), "dqkv": _spec("dqkv", "bf16", (T, (H + 2 * G) * d))}
-    args = {f"{n}_ptr": launches.BufferRef(n, 0, specs[n].dtype) for n in
-            ("qkv", "do", "lse", "delta", "rope", "dqkv")}
+def test_split_k_matmul_mapping_is_the_kernels():
+    """Split-K (issue 14): 5 K chunks over 3 splits (2, 2, 1); each program run alone writes its
+    tile of its split's partial, at the slab offset."""
+    M, N, K, bm, bn, g, S = 75, 40, 160, 16, 16, 2, 3
+    launch, specs = _matmul_small(M, N, K, bm, bn, g, slab=1, splits=S)
+    ks = [ps.matmul_split(p, M, N, K, bm, bn, 32, S)[1] for p in range(launch.grid[0])]
+    assert {(k.start, k.stop) for k in ks} == {(0, 64), (64, 128), (128, 160)}
+    for pid in range(launch.grid[0]):
+        ps.check_launch(launch, specs, pids=[pid])
+
+
+def test_weight_grad_program_mapping_is_the_kernels():
+    """Two products, then norm rows, then gain columns (issue 14): each program run alone
+    updates exactly the P/M/V/w16 tile (or rows, or columns) the mapping names."""
+    T, D, (M0, N0), (M1, N1), bm, bn = 40, 48, (36, 20), (16, 48), 16, 16
+    off0, off1 = 8, 8 + M0 * N0 + 8
+    n = off1 + M1 * N1 + 8
+    specs = {"a0": _spec("a0", "bf16", (T, M0)), "b0": _spec("b0", "bf16", (T, N0)),
+             "a1": _spec("a1", "bf16", (T, M1)), "b1": _spec("b1", "bf16", (T, N1)),
+             "pmv": _spec("pmv", "fp32", (3, n)), "w16": _spec("w16", "bf16", (n,)),
+             "dy": _spec("dy", "fp32", (2, T, D)), "x": _spec("x", "fp32", (T, D)),
+             "rstd": _spec("rstd", "fp32", (T,)), "g": _spec("g", "fp32", (D,)),
+             "dx": _spec("dx", "fp32", (T, D)), "dx16": _spec("dx16", "bf16", (T, D)),
+             "dg": _spec("dg", "fp32", (2, D)), "staged": _spec("staged", "u32", (4,))}
+    ref_ = launches.BufferRef
+    args = {"a0_ptr": ref_("a0", 0, "bf16"), "b0_ptr": ref_("b0", 0, "bf16"),
+            "p0_ptr": ref_("pmv", off0), "h0_ptr": ref_("w16", off0, "bf16"),
+            "a1_ptr": ref_("a1", 0, "bf16"), "b1_ptr": ref_("b1", 0, "bf16"),
+            "p1_ptr": ref_("pmv", off1), "h1_ptr": ref_("w16", off1, "bf16"),
+            **{f"{k}_ptr": ref_(k, 0, specs[k].dtype)
+               for k in ("dy", "x", "rstd", "g", "dx", "dx16")},
+            "dg_ptr": ref_("dg", D), "doorbell_ptr": ref_("staged", 1, "u32"),
+            "t_base": launches.RunScalar("t_base", "i64")}
+    args |= {k: launches.Scalar("i32", v) for k, v in
+             (("M0", M0), ("N0", N0), ("M1", M1), ("N1", N1), ("T", T), ("NPARAM", n))}
+    from plan import launch_builders
+    tiles = ps.cdiv(M0, bm) * ps.cdiv(N0, bn) + ps.cdiv(M1, bm) * ps.cdiv(N1, bn)
+    grid = tiles + ps.cdiv(T, 8) + ps.cdiv(D, 16)
+    launch = _launch("plan.kernels.weight_grad", "weight_grad", (grid,), args,
+                     {"PRODUCTS": 2, "HAS_GAIN": True, "ACCUMULATE": False, "DY_PARTS": 2, "D": D,
+                      **launch_builders.learner_constexprs(PROFILE), "BLOCK_M": bm, "BLOCK_N": bn,
+                      "BLOCK_K": 16, "GROUP_M": 2, "BLOCK_R": 8, "BLOCK_D": 64, "GAIN_ROWS": 8,
+                      "GAIN_COLS": 16}, specs)
+    kinds = [ps.weight_grad_program(p, [tiles - 3, 3], T, 8)[0] for p in range(grid)]
+    assert kinds == ["product"] * tiles + ["rows"] * 5 + ["gain"] * 3
+    for pid in range(grid):
+        ps.check_launch(launch, specs, PROFILE, pids=[pid])
+
+
+ATTENTION_ARGS = {   # the builders' pointer arguments (plan/launch_builders.py), in order
+    "attention_fwd": ("qkv", "o_part", "ml_part"),
+    "attention_fwd_merge": ("o_part", "ml_part", "o16", "o32", "lse"),
+    "attention_bwd": ("qkv", "do", "lse", "delta", "kv_part", "ds"),
+    "attention_bwd_dq": ("qkv", "ds", "kv_part", "rope", "dqkv"),
+}
+
+
+@pytest.mark.parametrize("function", list(ATTENTION_ARGS))
+def test_attention_program_mapping_is_the_kernels(function):
+    """Each program of a small split attention launch (ragged dK/dV chunks that cross query
+    heads, 1 and 2 forward chunks, BLOCK_M = 2·BLOCK_N), run alone, writes exactly what
+    plan/attention_split.py says it owns."""
+    from plan.attention_split import AttentionSplit
+    T, H, G, d, bm, bn, fc, bc = 64, 4, 2, 16, 32, 16, 2, 3
+    sp = AttentionSplit(T, bm, bn, H, G, fc, bc)
+    W = (H + 2 * G) * d
+    shapes = {"qkv": ("bf16", (T, W)), "o_part": ("fp32", (sp.fwd_slots, T, H * d)),
+              "ml_part": ("fp32", (sp.fwd_slots, 2, H, T)), "o16": ("bf16", (T, H * d)),
+              "o32": ("fp32", (T, H * d)), "lse": ("fp32", (H, T)), "do": ("fp32", (T, H * d)),
+              "delta": ("fp32", (H, T)), "kv_part": ("fp32", (sp.bwd_slots, T, 2 * G * d)),
+              "ds": ("bf16", (H, T, T)), "rope": ("fp32", (T, d)), "dqkv": ("bf16", (T, W))}
+    specs = {n: _spec(n, *shapes[n]) for n in ATTENTION_ARGS[function]}
+    args = {f"{n}_ptr": launches.BufferRef(n, 0, specs[n].dtype) for n in ATTENTION_ARGS[function]}
     args["T"] = launches.Scalar("i32", T)
-    n = T // bn * G + T // bm * H
-    launch = _launch("plan.kernels.attention", "attention_bwd", (n,), args,
-                     {"SCALE": 0.25, "HEADS": H, "KV_HEADS": G, "HEAD_DIM": d, "BLOCK_M": bm,
-                      "BLOCK_N": bn}, specs)
-    seen = {ps.attention_bwd_program(p, T, bm, bn, H, G) for p in range(n)}
-    assert len(seen) == n
+    consts = {"SCALE": 0.25, "HEADS": H, "KV_HEADS": G, "HEAD_DIM": d, "BLOCK_M": bm, "BLOCK_N": bn,
+              "FWD_CHUNK": fc, "BWD_CHUNK": bc}
+    keep = {"attention_fwd": ("SCALE", "HEADS", "KV_HEADS", "HEAD_DIM", "BLOCK_M", "BLOCK_N", "FWD_CHUNK"),
+            "attention_fwd_merge": ("HEADS", "HEAD_DIM", "BLOCK_M", "BLOCK_N", "FWD_CHUNK"),
+            "attention_bwd": ("SCALE", "HEADS", "KV_HEADS", "HEAD_DIM", "BLOCK_M", "BLOCK_N", "BWD_CHUNK"),
+            "attention_bwd_dq": ("HEADS", "KV_HEADS", "HEAD_DIM", "BLOCK_M", "BLOCK_N", "BWD_CHUNK")}
+    n = {"attention_fwd": len(sp.fwd_programs()), "attention_fwd_merge": len(sp.fwd_merge_programs()),
+         "attention_bwd": len(sp.dkdv_programs()), "attention_bwd_dq": len(sp.dq_programs())}[function]
+    launch = _launch("plan.kernels.attention", function, (n,), args,
+                     {k: consts[k] for k in keep[function]}, specs)
+    if function == "attention_bwd":
+        assert any(len({j for j, _ in sp.dkdv_chunk_pairs(b, c)}) > 1 for b, c, _ in sp.dkdv_programs())
+        assert any(len(sp.dkdv_chunk_pairs(b, c)) < bc for b, c, _ in sp.dkdv_programs())
     for pid in range(n):
         ps.check_launch(launch, specs, pids=[pid])
 
@@ -184,19 +258,6 @@ def test_rmsnorm_bwd_gain_program_mapping_is_the_kernels():
     args["T"] = launches.Scalar("i32", T)
     launch = _launch("plan.kernels.norms", "rmsnorm_bwd_gain", (3 + 3,), args,
                      {"D": D, "WRITE_BF16": True, "BLOCK_R": 4, "BLOCK_D": 64, "GAIN_ROWS": 4,
-                      "GAIN_COLS": 16}, specs)
+                      "GAIN_COLS": 16, "DY_PARTS": 1}, specs)
     for pid in range(6):
-        ps.check_launch(launch, specs, pids=[pid])
-
-
-def test_attention_fwd_two_dimensional_grid():
-    T, H, G, d, bm, bn = 64, 2, 1, 16, 32, 16
-    specs = {"qkv": _spec("qkv", "bf16", (T, (H + 2 * G) * d)), "o16": _spec("o16", "bf16", (T, H * d)),
-             "o32": _spec("o32", "fp32", (T, H * d)), "lse": _spec("lse", "fp32", (H, T))}
-    args = {f"{n}_ptr": launches.BufferRef(n, 0, specs[n].dtype) for n in specs}
-    args["T"] = launches.Scalar("i32", T)
-    launch = _launch("plan.kernels.attention", "attention_fwd", (T // bm, H), args,
-                     {"SCALE": 0.25, "HEADS": H, "KV_HEADS": G, "HEAD_DIM": d, "BLOCK_M": bm,
-                      "BLOCK_N": bn}, specs)
-    for pid in [(0, 0), (1, 0), (0, 1), (1, 1)]:
         ps.check_launch(launch, specs, pids=[pid])

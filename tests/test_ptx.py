@@ -20,8 +20,8 @@ PTX_DIR = ROOT / "kernels_ptx"
 TARGETS = ("sm_90a", "sm_80")
 DIRS = [(p, t) for p in profiles.names() for t in TARGETS]
 ATOMIC = re.compile(r"^\s*(@!?%\w+\s+)?(atom|red)\.", re.M)
-WGMMA_KERNELS = ("matmul", "matmul_swiglu", "matmul_rotary", "matmul_delta", "attention_fwd",
-                 "attention_bwd")
+WGMMA_KERNELS = ("matmul", "matmul_swiglu", "matmul_rotary", "matmul_delta", "matmul_residual",
+                 "weight_grad", "attention_fwd", "attention_bwd", "attention_bwd_dq")
 
 
 def _ptxas() -> str | None:

@@ -77,7 +77,7 @@ def test_not_result_files(tmp_path, data, needle):
 
 
 def test_missing_file(tmp_path):
-    with pytest.raises(RF.ResultFileError, match="cannot read: No such file"):
+    with pytest.raises(RF.ResultFileError, match="result file .*absent.res does not exist"):
         RF.read(tmp_path / "absent.res")
 
 

@@ -1,5 +1,6 @@
 """Build kernels_ptx/<profile>/<target>/ (SPEC §12): Triton ahead-of-time → PTX for every kernel
-the launch lists name, the hand-written release PTX, and a manifest.json per directory.
+the launch lists name, the hand-written PTX (release, release_stage_in), and a manifest.json per
+directory.
 
   .venv/bin/python tools/build_ptx.py [--out DIR] [--profile P ...] [--target T ...] [--jobs N]
 
@@ -40,7 +41,7 @@ TRITON_VERSION = "3.9.0"
 PTX_ISA = (8, 0)
 TARGETS = {"sm_90a": 90, "sm_80": 80}
 HIDDEN_PARAMS = ("global_scratch", "profile_scratch")
-RELEASE_SOURCE = ROOT / "plan" / "kernels" / "release.ptx"
+HAND_SOURCES = ROOT / "plan" / "kernels"          # <function>.ptx for launches.HAND_WRITTEN
 DEFAULT_OUT = ROOT / "kernels_ptx"
 
 
@@ -116,20 +117,27 @@ def compile_entry(job):
     return launch.kernel, ptx, record
 
 
-def release_ptx(target: str) -> str:
-    text = RELEASE_SOURCE.read_text(encoding="ascii")
+def hand_ptx(function: str, target: str) -> str:
+    """A hand-written kernel's PTX for `target` (its .target and .version lines rewritten)."""
+    source = HAND_SOURCES / f"{function}.ptx"
+    text = source.read_text(encoding="ascii")
     text, n = re.subn(r"^\.target \w+$", f".target {target}", text, flags=re.M)
     text = re.sub(r"^\.version \d+\.\d+$", f".version {PTX_ISA[0]}.{PTX_ISA[1]}", text, flags=re.M)
     if n != 1:
-        raise ValueError(f"{RELEASE_SOURCE}: expected one .target line")
+        raise ValueError(f"{source}: expected one .target line")
+    if f".entry {function}(" not in text:
+        raise ValueError(f"{source}: no .entry {function}")
     return text
 
 
-def release_record() -> dict:
-    return {"file": "release.ptx", "entry": "release", "module": "", "function": "release",
-            "params": [{"name": "doorbell_ptr", "type": "*u32", "hidden": False},
-                       {"name": "slot_ptr", "type": "*u32", "hidden": False}],
-            "threads": 1, "shared": 0, "num_warps": 1, "num_stages": 1,
+def hand_record(launch) -> dict:
+    """The manifest record of a hand-written kernel: its parameters are the launch's, no hidden
+    scratch pointers, threads = num_warps · 32 (release: one thread)."""
+    return {"file": f"{launch.function}.ptx", "entry": launch.function, "module": "",
+            "function": launch.function,
+            "params": [{"name": n, "type": a.signature, "hidden": False} for n, a in launch.args],
+            "threads": 1 if launch.function == launches.RELEASE else launch.num_warps * 32,
+            "shared": 0, "num_warps": launch.num_warps, "num_stages": 1,
             "global_scratch": {"size": 0, "align": 1}, "profile_scratch": {"size": 0, "align": 1},
             "constexprs": {}, "divisible_by_16": []}
 
@@ -147,7 +155,7 @@ def build(out: Path, profile_names, target_names, jobs: int) -> list[Path]:
         kernels = launches.kernels(profiles.get(pname))
         for target in target_names:
             for launch in kernels.values():
-                if launch.function != launches.RELEASE:
+                if launch.function not in launches.HAND_WRITTEN:
                     work.append((pname, target, launch))
     results = {}
     with cf.ProcessPoolExecutor(max_workers=jobs, initializer=_worker_init) as pool:
@@ -163,12 +171,15 @@ def build(out: Path, profile_names, target_names, jobs: int) -> list[Path]:
             if d.exists():
                 shutil.rmtree(d)
             d.mkdir(parents=True)
-            release = release_record()
-            release["sha256"] = write_ptx(d / release["file"], release_ptx(target))
-            written.append(d / release["file"])
             manifest = {"profile": pname, "target": target, "triton": TRITON_VERSION,
-                        "ptx_isa": f"{PTX_ISA[0]}.{PTX_ISA[1]}", "fp_fusion": False,
-                        "kernels": {launches.RELEASE: release}}
+                        "ptx_isa": f"{PTX_ISA[0]}.{PTX_ISA[1]}", "fp_fusion": False, "kernels": {}}
+            for launch in launches.kernels(profiles.get(pname)).values():
+                if launch.function in launches.HAND_WRITTEN:
+                    record = hand_record(launch)
+                    text = hand_ptx(launch.function, target)
+                    record["sha256"] = write_ptx(d / record["file"], text)
+                    written.append(d / record["file"])
+                    manifest["kernels"][launch.kernel] = record
             for (p, t, entry), (ptx, record) in sorted(results.items()):
                 if (p, t) != (pname, target):
                     continue

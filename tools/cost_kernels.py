@@ -25,7 +25,9 @@ for _p in (ROOT, Path(__file__).resolve().parent):
 
 from cost_inputs import EMBED_CHAIN, LINE  # noqa: E402
 from plan import launches  # noqa: E402
+from plan.attention_split import AttentionSplit  # noqa: E402
 from plan.buffers import DTYPE_BYTES  # noqa: E402
+from staging import layout as SL  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -139,38 +141,59 @@ def _tiles(v: View, M, N, BM, BN) -> int:
 def _matmul(v: View) -> Work:
     M, N, K = v.scalar("M"), v.scalar("N"), v.scalar("K")
     BM, BN, BK, epi = v.c["BLOCK_M"], v.c["BLOCK_N"], v.c["BLOCK_K"], v.c["EPILOGUE"]
+    S = v.c.get("SPLIT_K", 1)
     a, b = v.elem("a_ptr"), v.elem("b_ptr")
-    tiles = _tiles(v, M, N, BM, BN)
+    tiles = cdiv(M, BM) * cdiv(N, BN)
+    if tiles * S != v.programs:
+        raise ValueError(f"{v.launch.label}: {tiles} tiles of {BM}×{BN} × {S} K splits but grid "
+                         f"{v.launch.grid}")
     e = BM * BN
     # epilogue per tile: (aux loaded, c stored, MUFU, ALU) — meta.EPI_* codes
     aux, out, mufu, alu = {0: (0, 4 * e, 0, e), 1: (0, 2 * e, 0, 2 * e), 2: (4 * e, 4 * e, 0, 2 * e),
                            # SwiGLU backward: [a|b] fp32 in, [da|db] bf16 out; exp + 2 div_rn
                            3: (8 * e, 4 * e, 3 * e, 30 * e)}[epi]
     fixed = Step(load_bytes=aux, store_bytes=out, mufu_ops=mufu, alu_ops=alu, hbm_trips=1)
-    c_unique = M * N * (4 if epi in (0, 2) else 2) * (2 if epi == 3 else 1)
+    c_unique = S * M * N * (4 if epi in (0, 2) else 2) * (2 if epi == 3 else 1)
     aux_unique = {0: 0, 1: 0, 2: M * N * 4, 3: 2 * M * N * 4}[epi]
-    return Work((uniform(tiles, cdiv(K, BK), _mm_step(v, BM, BN, BK, a, b), fixed),),
+    # split s of S sums chunks [s·per, (s+1)·per) of the cdiv(K, BK) chunks (the last may be short)
+    chunks = cdiv(K, BK)
+    per = cdiv(chunks, S)
+    trips = tuple(max(0, min(per, chunks - s * per)) for s in range(S) for _ in range(tiles))
+    return Work((Programs(trips, _mm_step(v, BM, BN, BK, a, b), fixed),),
                 hbm_bytes=M * K * a + K * N * b + c_unique + aux_unique)
 
 
-def _norm_prologue(v: View, products: int, gain: bool, epilogue: Step, out_unique: float) -> Work:
-    """matmul_rotary / _swiglu / _norm: each program sums its rows' squares over K (one pass of
-    fp32 loads), then reloads the fp32 rows, scales and rounds them as the A operand (fp32 A read
-    twice per column tile); programs of column tile 0 store h16 and rstd."""
+def _norm_prologue(v: View, products: int, epilogue: Step, out_unique: float) -> Work:
+    """matmul_rotary / _swiglu: each program forms its rows' r from the producer's
+    SSQ_PARTS partial sums of squares (a dependent load of BM × parts words before the K loop),
+    then loads the fp32 rows, scales and rounds them as the A operand (fp32 A read once per
+    column tile); programs of column tile 0 store h16 and rstd."""
     M, N, K = v.scalar("M"), v.scalar("N"), v.scalar("K")
     BM, BN, BK = v.c["BLOCK_M"], v.c["BLOCK_N"], v.c["BLOCK_K"]
+    parts = v.c["SSQ_PARTS"]
     x, w = v.elem("x_ptr"), v.elem("w_ptr" if "w_ptr" in v.args else "wg_ptr")
     tiles = _tiles(v, M, N, BM, BN)
-    main = _mm_step(v, BM, BN, BK, x, w, products, alu=(3 if gain else 2) * BM * BK)
-    step = dataclasses.replace(main, load_bytes=BM * BK * x + main.load_bytes + (BK * 4 if gain else 0),
-                               alu_ops=2 * BM * BK + main.alu_ops)                  # rstd pass + main
-    fixed = Step(load_bytes=epilogue.load_bytes, store_bytes=epilogue.store_bytes,
-                 mufu_ops=epilogue.mufu_ops + BM, alu_ops=epilogue.alu_ops + 20 * BM,
-                 phases=1, hbm_trips=1)                                             # + rstd of BM rows
+    step = _mm_step(v, BM, BN, BK, x, w, products, alu=2 * BM * BK)      # x·r, round
+    fixed = Step(load_bytes=epilogue.load_bytes + parts * BM * 4, store_bytes=epilogue.store_bytes,
+                 mufu_ops=epilogue.mufu_ops + BM, alu_ops=epilogue.alu_ops + (20 + parts) * BM,
+                 phases=1, hbm_trips=1, l2_trips=1)                # + rstd of BM rows from ssq
     h16_rstd = M * K * 2 + M * 4
     return Work((uniform(tiles, cdiv(K, BK), step, fixed),),
-                hbm_bytes=M * K * x + products * N * K * w + (K * 4 if gain else 0) + h16_rstd
-                + out_unique, extra_l2_bytes=h16_rstd)
+                hbm_bytes=M * K * x + products * N * K * w + h16_rstd
+                + parts * M * 4 + out_unique, extra_l2_bytes=h16_rstd)
+
+
+@family("matmul_residual")
+def _matmul_residual(v: View) -> Work:
+    M, N, K = v.scalar("M"), v.scalar("N"), v.scalar("K")
+    BM, BN, BK = v.c["BLOCK_M"], v.c["BLOCK_N"], v.c["BLOCK_K"]
+    tiles = _tiles(v, M, N, BM, BN)
+    e = BM * BN
+    # epilogue: the residual tile in, x + acc out, and its per-row Σ x² (a row reduction) out
+    fixed = Step(load_bytes=4 * e, store_bytes=4 * e + 4 * BM, alu_ops=4 * e, phases=1, hbm_trips=1)
+    return Work((uniform(tiles, cdiv(K, BK), _mm_step(v, BM, BN, BK, v.elem("a_ptr"),
+                                                      v.elem("b_ptr")), fixed),),
+                hbm_bytes=M * K * 2 + K * N * 2 + 2 * M * N * 4 + cdiv(N, BN) * M * 4)
 
 
 @family("matmul_rotary")
@@ -179,7 +202,7 @@ def _matmul_rotary(v: View) -> Work:
     BM, BN = v.c["BLOCK_M"], v.c["BLOCK_N"]
     # rope [cos|sin] rows in, rotation (~6 ops per element), bf16 q'|k'|v out
     epi = Step(load_bytes=BM * d * 4, store_bytes=BM * BN * 2, alu_ops=6 * BM * BN)
-    return _norm_prologue(v, 1, False, epi, out_unique=M * N * 2 + M * d * 4)
+    return _norm_prologue(v, 1, epi, out_unique=M * N * 2 + M * d * 4)
 
 
 @family("matmul_swiglu")
@@ -188,15 +211,7 @@ def _matmul_swiglu(v: View) -> Work:
     BM, BN = v.c["BLOCK_M"], v.c["BLOCK_N"]
     # ab = [a|b] fp32 and z = bf(silu(a)·b) out: exp + div_rn per element
     epi = Step(store_bytes=BM * BN * (8 + 2), mufu_ops=2 * BM * BN, alu_ops=15 * BM * BN)
-    return _norm_prologue(v, 2, False, epi, out_unique=M * N * (8 + 2))
-
-
-@family("matmul_norm")
-def _matmul_norm(v: View) -> Work:
-    M, N = v.scalar("M"), v.scalar("N")
-    BM, BN = v.c["BLOCK_M"], v.c["BLOCK_N"]
-    epi = Step(store_bytes=BM * BN * 4, alu_ops=BM * BN)
-    return _norm_prologue(v, 1, True, epi, out_unique=M * N * 4)
+    return _norm_prologue(v, 2, epi, out_unique=M * N * (8 + 2))
 
 
 @family("matmul_delta")
@@ -212,56 +227,173 @@ def _matmul_delta(v: View) -> Work:
                 hbm_bytes=M * K * 2 + K * N * 2 + 2 * M * N * 4 + M * N // d * 4)
 
 
-# -- attention: one warpgroup per program, trips over 64-row blocks; each trip's dots depend on
-#    the previous elementwise work (FA2 order), K/V (Q/dO) of the next trip prefetched
+# -- weight gradients with AdamW in the epilogue, beside a norm backward
+
+_PMV_BYTES = 3 * 4                # P, M, V fp32 of one parameter element
+_ADAMW_ALU, _ADAMW_MUFU = 40, 3   # per element: ~20 fp32 ops + two div_rn (≈10 ALU + rcp each)
+#                                   and a sqrt_rn (as the adamw entry)
+_BIAS_CORRECTION_OPS = 120        # t → two float64 powers by 40 squarings, a division, a sqrt
+
+
+def _doorbell(v: View, readers: int) -> tuple[Step, tuple]:
+    """The doorbell read at the start of `readers` programs: a dependent read on each chain (of
+    staging, or of the device copy in L2), then the bias corrections."""
+    if "doorbell_ptr" in v.staging_args():
+        return (Step(serial_ops=_BIAS_CORRECTION_OPS, staging_trips=1),
+                (Staging("doorbell_ptr", read_bytes=4 * readers, read_requests=readers,
+                         unique_bytes=4),))
+    return Step(serial_ops=_BIAS_CORRECTION_OPS, l2_trips=1), ()
+
+
+def _plus(a: Step, b: Step) -> Step:
+    return Step(*(x + y for x, y in zip(dataclasses.astuple(a), dataclasses.astuple(b))))
+
+
+@family("weight_grad")
+def _weight_grad(v: View) -> Work:
+    T, D, R, c = v.scalar("T"), v.c["D"], v.c["BLOCK_R"], v.c
+    BM, BN, BK = c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"]
+    dims = [(v.scalar("M0"), v.scalar("N0")), (v.scalar("M1"), v.scalar("N1"))][:c["PRODUCTS"]]
+    e = BM * BN
+    tiles = [cdiv(M, BM) * cdiv(N, BN) for M, N in dims]
+    start, staged = _doorbell(v, sum(tiles))
+    # K = T loop of bf16 dy and x chunks; the epilogue reads P, M, V of the tile and writes them
+    # and w16 (the gradient never leaves registers)
+    step = _mm_step(v, BM, BN, BK, v.elem("a0_ptr"), v.elem("b0_ptr"))
+    fixed = _plus(start, Step(load_bytes=_PMV_BYTES * e, store_bytes=(_PMV_BYTES + 2) * e,
+                              mufu_ops=_ADAMW_MUFU * e, alu_ops=_ADAMW_ALU * e, phases=1,
+                              hbm_trips=1))
+    groups = [uniform(t, cdiv(T, BK), step, fixed) for t in tiles]
+    hbm = sum(T * M * 2 + T * N * 2 + M * N * (2 * _PMV_BYTES + 2) for M, N in dims)
+    parts, gain, acc = c["DY_PARTS"], c["HAS_GAIN"], c["ACCUMULATE"]
+    groups.append(uniform(cdiv(T, R), 1, _norm_rows(D, R, gain, acc, True, parts)))
+    hbm += _norm_rows_unique(T, D, gain, acc, True, parts)
+    if gain:
+        groups.append(_gain_programs(T, D, c["GAIN_ROWS"], c["GAIN_COLS"], parts))
+        hbm += D * 4
+    return Work(tuple(groups), hbm_bytes=hbm, staging=staged)
+
+
+# -- attention (plan/attention_split.py): one warpgroup per program, trips over 64-row blocks;
+#    each trip's dots depend on the previous elementwise work (FA2 order), K/V (Q/dO) of the next
+#    trip prefetched.  The chunk programs decode their id in a scalar loop over the blocks before
+#    them (DECODE_OPS dependent integer ops per block skipped, on the chain before the first load)
+
+DECODE_OPS = 5          # per block skipped: subtract, decrement, multiply-add, shift, compare
+
 
 def _attn_dims(v: View):
     T = v.scalar("T")
-    H, G, d = v.c["HEADS"], v.c["KV_HEADS"], v.c["HEAD_DIM"]
+    H, d = v.c["HEADS"], v.c["HEAD_DIM"]
+    G = v.c.get("KV_HEADS", H)
     return T, H, G, d, v.c["BLOCK_M"], v.c["BLOCK_N"], (H + 2 * G) * d
+
+
+def _split(v: View) -> AttentionSplit:
+    T, H, G, d, BM, BN, W = _attn_dims(v)
+    return AttentionSplit(T, BM, BN, H, G, v.c.get("FWD_CHUNK", 1), v.c.get("BWD_CHUNK", 1))
+
+
+def _check_programs(v: View, n: int, what: str):
+    if v.programs != n:
+        raise ValueError(f"{v.launch.label}: grid {v.launch.grid}, the split has {n} {what}")
+
+
+def _by_fixed(progs, trips_of, fixed_of, step) -> tuple[Programs, ...]:
+    """Consecutive programs sharing a prologue/epilogue (here: the same decode length) grouped."""
+    out, run, key = [], [], None
+    for prog in progs:
+        k = fixed_of(prog)
+        if run and k != key:
+            out.append(Programs(tuple(run), step, key))
+            run = []
+        run.append(trips_of(prog))
+        key = k
+    out.append(Programs(tuple(run), step, key))
+    return tuple(out)
 
 
 @family("attention_fwd")
 def _attention_fwd(v: View) -> Work:
     T, H, G, d, BM, BN, W = _attn_dims(v)
-    q_blocks = cdiv(T, BM)
-    if v.launch.grid[:2] != (q_blocks, H):
-        raise ValueError(f"{v.launch.label}: grid {v.launch.grid}, expected ({q_blocks}, {H})")
-    # blockIdx.x (query block) varies fastest; query block m visits kv blocks 0 .. m
-    trips = tuple(cdiv((m + 1) * BM, BN) for _ in range(H) for m in range(q_blocks))
+    sp = _split(v)
+    progs = sp.fwd_programs()
+    _check_programs(v, len(progs), "forward chunk programs")
     e = BM * BN
     step = Step(mma_flops=2 * (2 * BM * BN * d), load_bytes=2 * BN * d * 2,      # K, V tiles
                 mufu_ops=e + BM, alu_ops=8 * e, phases=4)       # s, row max, row sum, p·v
-    fixed = Step(load_bytes=BM * d * 2, store_bytes=BM * d * (2 + 4) + BM * 4,   # q; o16, o32, lse
-                 mufu_ops=BM * d + BM, alu_ops=12 * BM * d, hbm_trips=1)
-    return Work((Programs(trips, step, fixed),),
-                hbm_bytes=T * W * 2 + T * H * d * (2 + 4) + H * T * 4)
+    part = BM * d * 4 + 2 * BM * 4                                # acc, m, l of one chunk, fp32
+
+    def fixed(prog):                                             # q in; the partial out
+        m = prog[0]
+        return Step(load_bytes=BM * d * 2, store_bytes=part, hbm_trips=1,
+                    serial_ops=DECODE_OPS * (sp.q_blocks - 1 - m))
+    return Work(_by_fixed(progs, lambda pr: sp.fwd_chunk_trips(pr[0], pr[1]), fixed, step),
+                hbm_bytes=T * W * 2 + len(progs) * part)
+
+
+@family("attention_fwd_merge")
+def _attention_fwd_merge(v: View) -> Work:
+    T, H, G, d, BM, BN, W = _attn_dims(v)
+    sp = _split(v)
+    progs = sp.fwd_merge_programs()
+    _check_programs(v, len(progs), "(query block, head) merges")
+    part = BM * d * 4 + 2 * BM * 4
+    # per chunk: acc_c, l_c and m_c (twice: the max pass) in, one exp, a multiply-add per element;
+    # one stage: each trip waits for its loads
+    step = Step(load_bytes=part + BM * 4, mufu_ops=BM, alu_ops=2 * BM * d + 4 * BM, l2_trips=1)
+    fixed = Step(store_bytes=BM * d * (2 + 4) + BM * 4, mufu_ops=BM * d + BM,   # o16, o32, lse
+                 alu_ops=12 * BM * d, hbm_trips=1)
+    partials = sum(sp.fwd_chunks(m) for m, _ in progs)
+    return Work((Programs(tuple(sp.fwd_chunks(m) for m, _ in progs), step, fixed),),
+                hbm_bytes=partials * part + T * H * d * (2 + 4) + H * T * 4)
 
 
 @family("attention_bwd")
 def _attention_bwd(v: View) -> Work:
     T, H, G, d, BM, BN, W = _attn_dims(v)
-    kv_blocks, q_blocks = cdiv(T, BN), cdiv(T, BM)
-    if v.programs != kv_blocks * G + q_blocks * H:
-        raise ValueError(f"{v.launch.label}: grid {v.launch.grid} is not dK/dV + dQ programs")
-    group = H // G
+    sp = _split(v)
+    progs = sp.dkdv_programs()
+    _check_programs(v, len(progs), "dK/dV chunk programs")
     e = BM * BN
-    rope = BM * d * 4                                          # [cos|sin] rows, fp32
-    # dK/dV (kv block n, kv head): the group's query heads × query blocks from the diagonal
-    dkdv_trips = tuple(group * (q_blocks - (n * BN) // BM) for _ in range(G) for n in range(kv_blocks))
-    dkdv_step = Step(mma_flops=4 * (2 * BN * BM * d),          # kqᵀ, pᵀdO, v dOᵀ, dsᵀq
-                     load_bytes=d * BM * 2 + BM * d * 4 + 2 * BM * 4,   # qᵀ, dO (fp32), lse, delta
-                     mufu_ops=e, alu_ops=10 * e + BM * d, phases=5)
-    dkdv_fixed = Step(load_bytes=2 * BN * d * 2 + rope, store_bytes=2 * BN * d * 2,
-                      alu_ops=8 * BN * d, hbm_trips=1)
-    # dQ (query block m, head): kv blocks 0 .. m, the last query block first
-    dq_trips = tuple(cdiv((q_blocks - i) * BM, BN) for _ in range(H) for i in range(q_blocks))
-    dq_step = Step(mma_flops=3 * (2 * BM * BN * d), load_bytes=2 * BN * d * 2,  # kᵀ, vᵀ
-                   mufu_ops=e, alu_ops=8 * e, phases=4)
-    dq_fixed = Step(load_bytes=BM * d * (2 + 4) + 2 * BM * 4 + rope, store_bytes=BM * d * 2,
-                    alu_ops=6 * BM * d, hbm_trips=1)
-    return Work((Programs(dkdv_trips, dkdv_step, dkdv_fixed), Programs(dq_trips, dq_step, dq_fixed)),
-                hbm_bytes=T * W * 2 + T * H * d * 4 + 2 * H * T * 4 + T * d * 4 + T * W * 2)
+    # a (query head, query block) trip: kqᵀ, pᵀdO, v dOᵀ, dsᵀq; qᵀ, dO (fp32), lse, delta in;
+    # the bf(ds)ᵀ tile out
+    step = Step(mma_flops=4 * (2 * BN * BM * d), load_bytes=d * BM * 2 + BM * d * 4 + 2 * BM * 4,
+                store_bytes=e * 2, mufu_ops=e, alu_ops=10 * e + BM * d, phases=5)
+    part = 2 * BN * d * 4                                         # dk', dv partial, fp32
+
+    def fixed(prog):                                             # k, v in; the partial out
+        n = prog[0]
+        return Step(load_bytes=2 * BN * d * 2, store_bytes=part, hbm_trips=1,
+                    serial_ops=DECODE_OPS * n)
+    ds_tiles = H * sum(sp.q_blocks - sp.first_q(n) for n in range(sp.kv_blocks))
+    return Work(_by_fixed(progs, lambda pr: len(sp.dkdv_chunk_pairs(pr[0], pr[1])), fixed, step),
+                hbm_bytes=T * W * 2 + T * H * d * 4 + 2 * H * T * 4 + ds_tiles * e * 2
+                + len(progs) * part)
+
+
+@family("attention_bwd_dq")
+def _attention_bwd_dq(v: View) -> Work:
+    T, H, G, d, BM, BN, W = _attn_dims(v)
+    sp = _split(v)
+    progs = sp.dq_programs()
+    _check_programs(v, len(progs), "dQ + merge programs")
+    rope = BM * d * 4                                             # [cos|sin] rows, fp32
+    # dQ (query block m, head): kv blocks 0 .. m, one product per trip from the stored bf(ds)ᵀ
+    dq_trips = tuple(sp.fwd_kv_blocks(m) for kind, m, _ in progs if kind == "dq")
+    dq_step = Step(mma_flops=2 * BM * BN * d, load_bytes=BN * BM * 2 + BN * d * 2, phases=1)
+    dq_fixed = Step(load_bytes=rope, store_bytes=BM * d * 2, alu_ops=6 * BM * d, hbm_trips=1)
+    # merge (kv block n, kv head): its chunks' partials in slot order; loads that feed no dot
+    # are not software-pipelined: each trip waits for its partial from L2
+    part = 2 * BN * d * 4
+    mg_trips = tuple(sp.dkdv_chunks(n) for kind, n, _ in progs if kind == "merge")
+    mg_step = Step(load_bytes=part, alu_ops=2 * BN * d, l2_trips=1)
+    mg_fixed = Step(load_bytes=BN * d * 4, store_bytes=2 * BN * d * 2, alu_ops=8 * BN * d,
+                    hbm_trips=1)
+    ds_tiles = H * sum(sp.q_blocks - sp.first_q(n) for n in range(sp.kv_blocks))
+    return Work((Programs(dq_trips, dq_step, dq_fixed), Programs(mg_trips, mg_step, mg_fixed)),
+                hbm_bytes=ds_tiles * BM * BN * 2 + T * G * d * 2 + sum(mg_trips) * part
+                + T * d * 4 + T * W * 2)
 
 
 # -- row kernels: BLOCK_R whole rows per program, one pass (num_stages = 1)
@@ -270,86 +402,127 @@ def _attention_bwd(v: View) -> Work:
 def _rmsnorm_bwd(v: View) -> Work:
     T, D, R = v.scalar("T"), v.c["D"], v.c["BLOCK_R"]
     gain, acc, bf16 = v.c["HAS_GAIN"], v.c["ACCUMULATE"], v.c["WRITE_BF16"]
-    return Work((uniform(v.programs, 1, _norm_rows(D, R, gain, acc, bf16)),),
-                hbm_bytes=_norm_rows_unique(T, D, gain, acc, bf16))
+    parts = v.c.get("DY_PARTS", 1)
+    return Work((uniform(v.programs, 1, _norm_rows(D, R, gain, acc, bf16, parts)),),
+                hbm_bytes=_norm_rows_unique(T, D, gain, acc, bf16, parts))
 
 
-def _norm_rows(D, R, gain, acc, bf16) -> Step:
-    """dy, x, r (and g, and the dx accumulated into) in; dx (and bf(dx)) out; a row reduction."""
+def _norm_rows(D, R, gain, acc, bf16, parts=1) -> Step:
+    """dy (its `parts` split-K partials), x, r (and g, and the dx accumulated into) in; dx (and
+    bf(dx)) out; a row reduction."""
     rows = R * D * 4
-    return Step(load_bytes=2 * rows + R * 4 + (D * 4 if gain else 0) + (rows if acc else 0),
-                store_bytes=rows + (R * D * 2 if bf16 else 0), alu_ops=8 * R * D, mufu_ops=R,
-                phases=1, hbm_trips=1)
+    return Step(load_bytes=(parts + 1) * rows + R * 4 + (D * 4 if gain else 0)
+                + (rows if acc else 0),
+                store_bytes=rows + (R * D * 2 if bf16 else 0), alu_ops=(7 + parts) * R * D,
+                mufu_ops=R, phases=1, hbm_trips=1)
 
 
-def _norm_rows_unique(T, D, gain, acc, bf16) -> float:
-    return T * D * 4 * (3 + (1 if acc else 0)) + T * 4 + (D * 4 if gain else 0) \
+def _norm_rows_unique(T, D, gain, acc, bf16, parts=1) -> float:
+    return T * D * 4 * (2 + parts + (1 if acc else 0)) + T * 4 + (D * 4 if gain else 0) \
         + (T * D * 2 if bf16 else 0)
+
+
+def _gain_programs(T, D, GR, GC, parts) -> Programs:
+    """cdiv(D, GC) gain-column programs: T/GR trips of (r, x, dy partials) chunks, each a column
+    sum, no prefetch (one-stage loop): a dependent L2 load per trip."""
+    gain = Step(load_bytes=GR * 4 + (1 + parts) * GR * GC * 4, alu_ops=(2 + parts) * GR * GC,
+                phases=1, l2_trips=1)
+    return uniform(cdiv(D, GC), cdiv(T, GR), gain, Step(store_bytes=GC * 4, hbm_trips=1))
+
+
+@family("final_norm")
+def _final_norm(v: View) -> Work:
+    T, D, R = v.scalar("T"), v.c["D"], v.c["BLOCK_R"]
+    # BLOCK_R fp32 rows and the gain in, a row reduction, bf16 rows and rstd out
+    step = Step(load_bytes=R * D * 4 + D * 4, store_bytes=R * D * 2 + R * 4, alu_ops=6 * R * D,
+                mufu_ops=R, phases=1, hbm_trips=1)
+    return Work((uniform(v.programs, 1, step),), hbm_bytes=T * D * (4 + 2) + D * 4 + T * 4)
 
 
 @family("rmsnorm_bwd_gain")
 def _rmsnorm_bwd_gain(v: View) -> Work:
     T, D, R = v.scalar("T"), v.c["D"], v.c["BLOCK_R"]
     GR, GC, bf16 = v.c["GAIN_ROWS"], v.c["GAIN_COLS"], v.c["WRITE_BF16"]
+    parts = v.c.get("DY_PARTS", 1)
     rows, cols = cdiv(T, R), cdiv(D, GC)
     if v.programs != rows + cols:
         raise ValueError(f"{v.launch.label}: grid {v.launch.grid}, expected {rows} + {cols}")
-    # gain programs: T/GAIN_ROWS trips of (r, x, dy) chunks, each a column sum, no prefetch
-    gain = Step(load_bytes=GR * 4 + 2 * GR * GC * 4, alu_ops=3 * GR * GC, phases=1, l2_trips=1)
-    return Work((uniform(rows, 1, _norm_rows(D, R, True, False, bf16)),
-                 uniform(cols, cdiv(T, GR), gain, Step(store_bytes=GC * 4, hbm_trips=1))),
-                hbm_bytes=_norm_rows_unique(T, D, True, False, bf16) + D * 4)
+    return Work((uniform(rows, 1, _norm_rows(D, R, True, False, bf16, parts)),
+                 _gain_programs(T, D, GR, GC, parts)),
+                hbm_bytes=_norm_rows_unique(T, D, True, False, bf16, parts) + D * 4)
 
 
 @family("cross_entropy")
 def _cross_entropy(v: View) -> Work:
     T, V, R = v.scalar("T"), v.c["V"], v.c["ROWS"]
     e = R * V
-    # one fp32 logits row in, bf16 dlogits out; exp, two div_rn per element; max/sum/pick reductions
-    step = Step(load_bytes=e * 4, store_bytes=e * 2, mufu_ops=3 * e, alu_ops=30 * e, phases=3,
-                hbm_trips=1, staging_trips=1)
-    return Work((uniform(v.programs, 1, step),), hbm_bytes=T * V * (4 + 2),
-                staging=(Staging("targets_ptr", read_bytes=T * 4, read_requests=v.programs,
-                                 unique_bytes=T * 4),
-                         Staging("loss_ptr", write_bytes=T * 4), Staging("w0_ptr", write_bytes=T * 4)))
+    # one fp32 logits row in, bf16 dlogits out; exp, two div_rn per element; max/sum/pick
+    # reductions; the rows' targets (staging, or the staged device copy: an L2 hit) on the chain
+    staged = "targets_ptr" in v.staging_args()
+    step = Step(load_bytes=e * 4 + (0 if staged else R * 4), store_bytes=e * 2, mufu_ops=3 * e,
+                alu_ops=30 * e, phases=3, hbm_trips=1, staging_trips=1 if staged else 0,
+                l2_trips=0 if staged else 1)
+    targets = ((Staging("targets_ptr", read_bytes=T * 4, read_requests=v.programs,
+                        unique_bytes=T * 4),) if staged else ())
+    return Work((uniform(v.programs, 1, step),),
+                hbm_bytes=T * V * (4 + 2) + (0 if staged else T * 4),
+                staging=targets + (Staging("loss_ptr", write_bytes=T * 4),
+                                   Staging("w0_ptr", write_bytes=T * 4)))
 
 
 @family("embed_fwd")
 def _embed_fwd(v: View) -> Work:
     T, D, R, d = v.scalar("T"), v.c["D"], v.c["BLOCK_R"], v.c["HEAD_DIM"]
     P = v.programs
-    # own ids (twice: gather and links) and all T ids (links) from staging, then the rows
-    # gathered (dependent), rmsnorm, the rope rows in float64 (sin/cos ≈ 40 dependent ops)
-    step = Step(load_bytes=R * D * 4 + D * 4,
-                store_bytes=2 * R * D * 4 + R * 4 + R * d * 4 + R * 4,
-                mufu_ops=R, alu_ops=6 * R * D + 3 * R * T + 80 * R * d, phases=2, serial_ops=80,
-                hbm_trips=1, staging_trips=1)
+    # own ids (twice: gather and links) and all T ids (links) — from staging, or from the staged
+    # device copy (L2) — then the rows gathered (dependent), rmsnorm, the rope rows in float64
+    # (sin/cos ≈ 40 dependent ops)
     per = 2 * R * 4 + T * 4
+    staged = "ids_ptr" in v.staging_args()
+    parts = v.c["SSQ_PARTS"]
+    step = Step(load_bytes=R * D * 4 + D * 4 + (0 if staged else per),
+                store_bytes=2 * R * D * 4 + R * 4 + R * d * 4 + R * 4 + R * parts * 4,
+                mufu_ops=R, alu_ops=8 * R * D + 3 * R * T + 80 * R * d, phases=3, serial_ops=80,
+                hbm_trips=1, staging_trips=1 if staged else 0, l2_trips=0 if staged else 1)
+    ids = ((Staging("ids_ptr", read_bytes=P * per,
+                    read_requests=P * (2 * lines(R * 4) + lines(T * 4)), unique_bytes=T * 4),)
+           if staged else ())
     return Work((uniform(P, 1, step),),
-                hbm_bytes=T * D * 4 * 3 + D * 4 + T * 4 + T * d * 4 + T * 4,
-                staging=(Staging("ids_ptr", read_bytes=P * per,
-                                 read_requests=P * (2 * lines(R * 4) + lines(T * 4)),
-                                 unique_bytes=T * 4),))
+                hbm_bytes=T * D * 4 * 3 + D * 4 + T * 4 + T * d * 4 + T * 4 + T * parts * 4,
+                staging=ids)
 
 
 @family("embed_grad")
 def _embed_grad(v: View) -> Work:
     T, V, D, BV = v.scalar("T"), v.scalar("V"), v.c["D"], v.c["BLOCK_V"]
-    P = v.programs
-    # every program reads all T ids (staging) and compares them with its BLOCK_V ids, then walks
-    # the chains: one dependent trip per occurrence of its most frequent id (program 0 holds the
-    # markers: EMBED_CHAIN trips; the others one) — a de row and a next-row link per trip
+    P = v.programs - 1                                # the last program updates the two gains
+    # every program reads all T ids and compares them with its BLOCK_V ids, then walks the
+    # chains: one dependent trip per occurrence of its most frequent id (program 0 holds the
+    # markers: EMBED_CHAIN trips; the others one) — a de row and a next-row link per trip; then
+    # AdamW on its BLOCK_V rows of E (P, M, V in and out)
+    ids_staged = "ids_ptr" in v.staging_args()
+    start, staged = _doorbell(v, v.programs)
     trip = Step(load_bytes=D * 4 + 4, alu_ops=4 * BV * D, phases=1, l2_trips=1)
-    fixed = Step(store_bytes=BV * D * 4, alu_ops=3 * BV * T, phases=1, staging_trips=1)
+    e = BV * D
+    fixed = _plus(start, Step(load_bytes=(0 if ids_staged else T * 4) + _PMV_BYTES * e,
+                              store_bytes=_PMV_BYTES * e, mufu_ops=_ADAMW_MUFU * e,
+                              alu_ops=3 * BV * T + _ADAMW_ALU * e, phases=1,
+                              staging_trips=1 if ids_staged else 0,
+                              l2_trips=0 if ids_staged else 1, hbm_trips=1))
     trips = (EMBED_CHAIN,) + (1,) * (P - 1)
     missing_rows = max(0, T - sum(trips))             # de rows read in trips not modelled
+    g = 2 * D                                         # both gains
+    gains = uniform(1, 1, _plus(start, Step(load_bytes=g * 4 + _PMV_BYTES * g,
+                                            store_bytes=_PMV_BYTES * g, mufu_ops=_ADAMW_MUFU * g,
+                                            alu_ops=_ADAMW_ALU * g, hbm_trips=1)))
     w1 = v.c["W1_WORDS"] * 4
-    return Work((Programs(trips, trip, fixed),),
-                hbm_bytes=T * D * 4 + T * 4 + V * D * 4,
+    ids = ((Staging("ids_ptr", read_bytes=P * T * 4, read_requests=P * lines(T * 4),
+                    unique_bytes=T * 4),) if ids_staged else ())
+    return Work((Programs(trips, trip, fixed), gains),
+                hbm_bytes=T * D * 4 + T * 4 + T * 4 + V * D * 2 * _PMV_BYTES
+                + g * (4 + 2 * _PMV_BYTES),
                 extra_l2_bytes=missing_rows * (D * 4 + 4),
-                staging=(Staging("ids_ptr", read_bytes=P * T * 4, read_requests=P * lines(T * 4),
-                                 unique_bytes=T * 4),
-                         Staging("w1_ptr", write_bytes=w1)))
+                staging=ids + staged + (Staging("w1_ptr", write_bytes=w1),))
 
 
 # -- streams
@@ -396,8 +569,25 @@ def _predictions(v: View) -> Work:
 
 @family(launches.RELEASE)
 def _release(v: View) -> Work:
-    # one thread: reads the doorbell, fence.acq_rel.sys (a second host round trip), 16 B out
-    step = Step(staging_trips=2)
+    # one thread: reads the doorbell (the device copy after the stage-in, or staging), then
+    # fence.acq_rel.sys (a host round trip), 16 B out
+    staged = "doorbell_ptr" in v.staging_args()
+    step = Step(staging_trips=2 if staged else 1, l2_trips=0 if staged else 1)
+    doorbell = ((Staging("doorbell_ptr", read_bytes=4, read_requests=1, unique_bytes=4),)
+                if staged else ())
     return Work((uniform(v.programs, 1, step),), hbm_bytes=0,
-                staging=(Staging("doorbell_ptr", read_bytes=4, read_requests=1, unique_bytes=4),
+                staging=doorbell + (Staging("slot_ptr", write_bytes=16),))
+
+
+@family(launches.STAGE_IN)
+def _release_stage_in(v: View) -> Work:
+    # one block: every thread reads 2 × 16 B of the input record from staging (64 lines in
+    # flight together: one round trip), stores them; thread 0 then reads the doorbell (a second
+    # round trip), stores it, fence.acq_rel.sys (a third), 16 B of semaphore record out
+    record = SL.INPUT_RECORD_BYTES
+    step = Step(load_bytes=0, store_bytes=record + 4, staging_trips=3, alu_ops=record // 4)
+    return Work((uniform(v.programs, 1, step),), hbm_bytes=record + 4,
+                staging=(Staging("record_ptr", read_bytes=record, read_requests=2 * record // 32,
+                                 unique_bytes=record),
+                         Staging("doorbell_ptr", read_bytes=4, read_requests=1, unique_bytes=4),
                          Staging("slot_ptr", write_bytes=16)))

@@ -1,11 +1,15 @@
-"""AdamW over the flat P/M/V planes (one fp32 buffer: P at 0, M at N, V at 2N), writing the bf16
-weight copy; and the plain P → bf16 cast that refreshes the copy after a load or a fresh init.
+"""AdamW (NUMERICS.md §AdamW) as jit helpers — the bias corrections and the per-element update —
+used by every kernel that updates parameters: the weight-gradient epilogues (matrices,
+plan/kernels/weight_grad.py), embed_grad (E and the two gains); and the whole-plane `adamw`
+kernel, which no launch list runs any more but which the kernel tests keep as the oracle the
+fused updates must match bit for bit.  And the plain P → bf16 cast that refreshes the copy after a
+load or a fresh init.
 
-t = t_base + doorbell (NUMERICS.md): the bias corrections are formed per program in float64
-(β^t by binary exponentiation over t's bits), rounded once to fp32, then the element update runs
-in fp32 in NUMERICS order with IEEE division and square root.  Gains (two element ranges) are not
-decayed.  The bf16 copy is written only where a matmul reads it: not for the gains and not for the
-embedding table E (embed_fwd gathers fp32 rows) — 12.6 MB less traffic per production update.
+t = t_base + doorbell (NUMERICS.md; the doorbell is the device copy the submission's first launch
+stages): the bias corrections are formed per program in float64 (β^t by binary exponentiation
+over t's bits), rounded once to fp32, then the element update runs in fp32 in NUMERICS order with
+IEEE division and square root.  Gains are not decayed.  The bf16 copy is written only where a
+matmul reads it: not for the gains and not for the embedding table E (embed_fwd gathers fp32 rows).
 """
 import triton
 import triton.language as tl
@@ -23,6 +27,53 @@ def _pow_f64(base, t):
 
 
 @triton.jit
+def bias_corrections(doorbell_ptr, t_base, LR: tl.constexpr, BETA1_F64: tl.constexpr,
+                     BETA2_F64: tl.constexpr):
+    """(step_size, bc2_sqrt) fp32 scalars of update count t = t_base + doorbell: bc1 = 1 − β1^t,
+    bc2 = 1 − β2^t in float64, step_size = fp32(lr / bc1), bc2_sqrt = fp32(sqrt(bc2))."""
+    t = t_base.to(tl.int64) + tl.load(doorbell_ptr).to(tl.int64)
+    bc1 = 1.0 - _pow_f64(tl.full((), BETA1_F64, tl.float64), t)
+    bc2 = 1.0 - _pow_f64(tl.full((), BETA2_F64, tl.float64), t)
+    step_size = (tl.full((), LR, tl.float64) / bc1).to(tl.float32)
+    bc2_sqrt = tl.sqrt(bc2).to(tl.float32)            # fp64 sqrt is sqrt.rn.f64
+    return step_size, bc2_sqrt
+
+
+@triton.jit
+def adamw_update(p, m, v, g, step_size, bc2_sqrt, BETA1: tl.constexpr,
+                 ONE_MINUS_BETA1: tl.constexpr, BETA2: tl.constexpr,
+                 ONE_MINUS_BETA2: tl.constexpr, EPS: tl.constexpr):
+    """NUMERICS order after the decay (p arrives decayed where it decays): m, v, then p; fp32,
+    IEEE div/sqrt.  Returns the new (p, m, v)."""
+    m = BETA1 * m + ONE_MINUS_BETA1 * g
+    v = BETA2 * v + (ONE_MINUS_BETA2 * g) * g
+    p = p - tl.div_rn(step_size * m, tl.div_rn(tl.sqrt_rn(v), bc2_sqrt) + EPS)
+    return p, m, v
+
+
+@triton.jit
+def adamw_tile(p_ptr, offs, mask, g, STRIDE, step_size, bc2_sqrt, DECAYED: tl.constexpr,
+               DECAY: tl.constexpr, BETA1: tl.constexpr, ONE_MINUS_BETA1: tl.constexpr,
+               BETA2: tl.constexpr, ONE_MINUS_BETA2: tl.constexpr, EPS: tl.constexpr):
+    """AdamW on the elements `offs` of one parameter whose gradient g is in registers: P at p_ptr,
+    M and V STRIDE and 2·STRIDE elements further; P, M, V stored back, the new p returned.  Each
+    plane is loaded, updated and stored in turn (m, v, then p: NUMERICS order; the same fp32
+    operations as adamw_update), which keeps fewer tiles live in registers."""
+    m = tl.load(p_ptr + STRIDE + offs, mask=mask, other=0.0)
+    m = BETA1 * m + ONE_MINUS_BETA1 * g
+    tl.store(p_ptr + STRIDE + offs, m, mask=mask)
+    v = tl.load(p_ptr + 2 * STRIDE + offs, mask=mask, other=0.0)
+    v = BETA2 * v + (ONE_MINUS_BETA2 * g) * g
+    tl.store(p_ptr + 2 * STRIDE + offs, v, mask=mask)
+    p = tl.load(p_ptr + offs, mask=mask, other=0.0)
+    if DECAYED:
+        p = p * DECAY
+    p = p - tl.div_rn(step_size * m, tl.div_rn(tl.sqrt_rn(v), bc2_sqrt) + EPS)
+    tl.store(p_ptr + offs, p, mask=mask)
+    return p
+
+
+@triton.jit
 def adamw(pmv_ptr, grad_ptr, w16_ptr, doorbell_ptr, t_base, N,
           GAIN0_START: tl.constexpr, GAIN0_END: tl.constexpr,
           GAIN1_START: tl.constexpr, GAIN1_END: tl.constexpr,
@@ -31,12 +82,9 @@ def adamw(pmv_ptr, grad_ptr, w16_ptr, doorbell_ptr, t_base, N,
           DECAY: tl.constexpr, BETA1: tl.constexpr, ONE_MINUS_BETA1: tl.constexpr,
           BETA2: tl.constexpr, ONE_MINUS_BETA2: tl.constexpr, EPS: tl.constexpr,
           BLOCK: tl.constexpr):
-    """One update of N parameters; the fp32 constants arrive already rounded to fp32."""
-    t = t_base.to(tl.int64) + tl.load(doorbell_ptr).to(tl.int64)
-    bc1 = 1.0 - _pow_f64(tl.full((), BETA1_F64, tl.float64), t)
-    bc2 = 1.0 - _pow_f64(tl.full((), BETA2_F64, tl.float64), t)
-    step_size = (tl.full((), LR, tl.float64) / bc1).to(tl.float32)
-    bc2_sqrt = tl.sqrt(bc2).to(tl.float32)            # fp64 sqrt is sqrt.rn.f64
+    """One update of N parameters from a gradient plane; the fp32 constants arrive already
+    rounded to fp32.  The oracle of the fused updates (tests/test_kernels_adamw.py)."""
+    step_size, bc2_sqrt = bias_corrections(doorbell_ptr, t_base, LR, BETA1_F64, BETA2_F64)
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N
     g = tl.load(grad_ptr + offs, mask=mask, other=0.0)
@@ -44,10 +92,8 @@ def adamw(pmv_ptr, grad_ptr, w16_ptr, doorbell_ptr, t_base, N,
     m = tl.load(pmv_ptr + N + offs, mask=mask, other=0.0)
     v = tl.load(pmv_ptr + 2 * N + offs, mask=mask, other=0.0)
     gain = ((offs >= GAIN0_START) & (offs < GAIN0_END)) | ((offs >= GAIN1_START) & (offs < GAIN1_END))
-    p = tl.where(gain, p, p * DECAY)
-    m = BETA1 * m + ONE_MINUS_BETA1 * g
-    v = BETA2 * v + (ONE_MINUS_BETA2 * g) * g
-    p = p - tl.div_rn(step_size * m, tl.div_rn(tl.sqrt_rn(v), bc2_sqrt) + EPS)
+    p, m, v = adamw_update(tl.where(gain, p, p * DECAY), m, v, g, step_size, bc2_sqrt,
+                           BETA1, ONE_MINUS_BETA1, BETA2, ONE_MINUS_BETA2, EPS)
     tl.store(pmv_ptr + offs, p, mask=mask)
     tl.store(pmv_ptr + N + offs, m, mask=mask)
     tl.store(pmv_ptr + 2 * N + offs, v, mask=mask)

@@ -1,13 +1,26 @@
-"""Causal grouped-query flash attention on the fused bf16 qkv rows: forward and backward, no atomics.
+"""Causal grouped-query flash attention on the fused bf16 qkv rows: forward and backward, two
+launches each, no atomics, every sum in a fixed order (bit-identical run to run).
 
 Row layout of qkv (T, (H + 2G)·d): q heads at h·d, k heads at (H + g)·d, v heads at (H + G + g)·d;
-query head h reads kv head h // (H/G).  The forward normalizes at the end (NUMERICS.md: its bf16
-rounding of p differs from bf(softmax) by ≤ 1 ulp of p) and saves lse = m + log(l) per row.
-Backward (FlashAttention-2 split; delta = rowsum(do·o) comes from matmul_delta's epilogue):
-dK/dV: one program per kv block and kv head, looping over the query heads that share it in head
-order, then over the query blocks — the sum order is fixed, so the result is deterministic.  dQ: one program per query block and head.
-Both backward kernels own whole heads of their output rows, so their epilogues apply the inverse
-rotary (rotary_backward) and store bf(dq) | bf(dk) | bf(dv), the qkv_backward matmul operands.
+query head h reads kv head h // (H/G).  The work is cut into chunks so that no program runs a long
+causal row alone (plan/attention_split.py holds the arithmetic and the program order; the kernels
+decode their program id the same way):
+
+attention_fwd: one program per chunk of ≤ FWD_CHUNK kv blocks of one (query block, head), writing
+the unnormalized fp32 partial (m_c, l_c, acc_c) of those kv blocks to slot c.
+attention_fwd_merge: per (query block, head) M = max_c m_c, l = Σ_c l_c·e^(m_c − M),
+acc = Σ_c acc_c·e^(m_c − M) in chunk order, o = acc / l (o16, o32) and lse = M + log l.  A single
+chunk gives exactly the unsplit kernel's bits (e^0 = 1).  The p rounding is bf(exp(s − m)) with
+the chunk's running max, like the unsplit kernel's (NUMERICS.md: ≤ 1 bf16 ulp of p).
+attention_bwd (FlashAttention-2's dK/dV pass; delta = rowsum(do·o) comes from matmul_delta's
+epilogue): one program per chunk of ≤ BWD_CHUNK (query head, query block) trips of one (kv block,
+kv head) — the group's heads in head order, then the query blocks — writing fp32 partial dk′, dv
+to slot c, and the bf(ds) tile of every trip to ds16 (NUMERICS rounds ds there anyway:
+dq′ = bf(ds) @ bf(k′), dk′ = bf(ds)ᵀ @ bf(q′)).
+attention_bwd_dq: dq′ of one (query block, head) = Σ over kv blocks, in order, of bf(ds)·bf(k′) —
+one product per trip, the scores are not recomputed — and, side by side in the same grid, the sum
+of each (kv block, kv head)'s partials in slot order; both epilogues apply the inverse rotary
+(rotary_backward) and store bf(dq) | bf(dk) | bf(dv), the qkv_backward matmul operands.
 """
 import triton
 import triton.language as tl
@@ -15,14 +28,36 @@ import triton.language as tl
 from plan.kernels.rotary import load_rope, rotate_tile
 
 
+# ---------------------------------------------------------------- forward
+
 @triton.jit
-def attention_fwd(qkv_ptr, o16_ptr, o32_ptr, lse_ptr, T, SCALE: tl.constexpr, HEADS: tl.constexpr,
-                  KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """o = softmax(bf(q)bf(k)ᵀ·scale, causal) bf(v): o16 bf16 and o32 fp32 (T, H·d), lse (H, T)."""
+def _fwd_chunk_of(idx, T, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FWD_CHUNK: tl.constexpr):
+    """(query block, chunk) of forward chunk idx: query blocks from the last, chunks in kv order
+    (AttentionSplit.fwd_programs).  ⌈a/b⌉ is written out: tl.cdiv is a jit function, and the
+    interpreter pays ~1 ms per nested jit call, here once per block skipped."""
+    SPAN: tl.constexpr = BLOCK_N * FWD_CHUNK                         # rows of keys per chunk
+    pid_m = T // BLOCK_M - 1
+    chunks = ((pid_m + 1) * BLOCK_M + SPAN - 1) // SPAN
+    while idx >= chunks:
+        idx -= chunks
+        pid_m -= 1
+        chunks = ((pid_m + 1) * BLOCK_M + SPAN - 1) // SPAN
+    return pid_m, idx
+
+
+@triton.jit
+def attention_fwd(qkv_ptr, o_part_ptr, ml_part_ptr, T, SCALE: tl.constexpr, HEADS: tl.constexpr,
+                  KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr, FWD_CHUNK: tl.constexpr):
+    """One chunk c of one (query block, head): kv blocks [c·FWD_CHUNK, …) of the causal range as
+    o_part[c] (T, H·d) = Σ bf(exp(s − m_c)) bf(v) and ml_part[c] (2, H, T) = (m_c, l_c), fp32.
+    FWD_CHUNK·BLOCK_N is a multiple of BLOCK_M (the builder checks), so a chunk starts at or
+    before its query block's first row: every row sees a key in the chunk's first block."""
     W: tl.constexpr = (HEADS + 2 * KV_HEADS) * HEAD_DIM
-    pid_m = tl.program_id(0)
-    head = tl.program_id(1)
+    HD: tl.constexpr = HEADS * HEAD_DIM
+    pid = tl.program_id(0)
+    head = pid % HEADS
+    pid_m, chunk = _fwd_chunk_of(pid // HEADS, T, BLOCK_M, BLOCK_N, FWD_CHUNK)
     kv = head // (HEADS // KV_HEADS)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -32,7 +67,9 @@ def attention_fwd(qkv_ptr, o16_ptr, o32_ptr, lse_ptr, T, SCALE: tl.constexpr, HE
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, HEAD_DIM), tl.float32)
-    for start_n in range(0, (pid_m + 1) * BLOCK_M, BLOCK_N):
+    lo = chunk * (FWD_CHUNK * BLOCK_N)
+    hi = tl.minimum(lo + FWD_CHUNK * BLOCK_N, (pid_m + 1) * BLOCK_M)
+    for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         kt = tl.load(qkv_ptr + offs_n[None, :] * W + k_col + offs_d[:, None])     # (d, BLOCK_N)
         s = tl.dot(q, kt) * SCALE
@@ -44,21 +81,73 @@ def attention_fwd(qkv_ptr, o16_ptr, o32_ptr, lse_ptr, T, SCALE: tl.constexpr, HE
         v = tl.load(qkv_ptr + offs_n[:, None] * W + v_col + offs_d[None, :])       # (BLOCK_N, d)
         acc = acc * alpha[:, None] + tl.dot(p.to(tl.bfloat16), v)
         m_i = m_new
-    o = tl.div_rn(acc, l_i[:, None])
-    offs_o = offs_m[:, None] * (HEADS * HEAD_DIM) + head * HEAD_DIM + offs_d[None, :]
-    tl.store(o16_ptr + offs_o, o.to(tl.bfloat16))
-    tl.store(o32_ptr + offs_o, o)
-    tl.store(lse_ptr + head * T + offs_m, m_i + tl.log(l_i))
+    tl.store(o_part_ptr + chunk * T * HD + offs_m[:, None] * HD + head * HEAD_DIM + offs_d[None, :],
+             acc)
+    ml = ml_part_ptr + (chunk * 2 * HEADS + head) * T + offs_m
+    tl.store(ml, m_i)
+    tl.store(ml + HEADS * T, l_i)
 
 
 @triton.jit
-def _dkdv(qkv_ptr, do_ptr, lse_ptr, delta_ptr, rope_ptr, dqkv_ptr, T, pid_n, kv, SCALE: tl.constexpr,
-          HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """bf(dk) (dk' through rotary_backward) and bf(dv) (T, G·d) into dqkv's k and v columns (bf16)
-    for one (kv block, kv head)."""
+def attention_fwd_merge(o_part_ptr, ml_part_ptr, o16_ptr, o32_ptr, lse_ptr, T, HEADS: tl.constexpr,
+                        HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                        FWD_CHUNK: tl.constexpr):
+    """o16, o32 (T, H·d) and lse (H, T) of one (query block, head) from its chunks' partials,
+    summed in chunk order with the weights e^(m_c − M) of the merged max M."""
+    HD: tl.constexpr = HEADS * HEAD_DIM
+    pid = tl.program_id(0)
+    head = pid % HEADS
+    pid_m = T // BLOCK_M - 1 - pid // HEADS                          # the last query block first
+    chunks = tl.cdiv((pid_m + 1) * BLOCK_M, BLOCK_N * FWD_CHUNK)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_o = offs_m[:, None] * HD + head * HEAD_DIM + offs_d[None, :]
+    ml = ml_part_ptr + head * T + offs_m
+    m_tot = tl.load(ml)
+    for c in range(1, chunks):
+        m_tot = tl.maximum(m_tot, tl.load(ml + c * (2 * HEADS) * T))
+    l_i = tl.zeros((BLOCK_M,), tl.float32)
+    acc = tl.zeros((BLOCK_M, HEAD_DIM), tl.float32)
+    for c in range(0, chunks):
+        w = tl.exp(tl.load(ml + c * (2 * HEADS) * T) - m_tot)
+        l_i = l_i + tl.load(ml + c * (2 * HEADS) * T + HEADS * T) * w
+        acc = acc + tl.load(o_part_ptr + c * T * HD + offs_o) * w[:, None]
+    o = tl.div_rn(acc, l_i[:, None])
+    tl.store(o16_ptr + offs_o, o.to(tl.bfloat16))
+    tl.store(o32_ptr + offs_o, o)
+    tl.store(lse_ptr + head * T + offs_m, m_tot + tl.log(l_i))
+
+
+# ---------------------------------------------------------------- backward
+
+@triton.jit
+def _dkdv_chunk_of(idx, T, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BWD_CHUNK: tl.constexpr):
+    """(kv block, chunk) of dK/dV chunk idx: kv blocks from the first, chunks in trip order
+    (AttentionSplit.dkdv_programs)."""
+    q_blocks = T // BLOCK_M
+    pid_n = idx * 0
+    chunks = (GROUP * q_blocks + BWD_CHUNK - 1) // BWD_CHUNK         # kv block 0: every query block
+    while idx >= chunks:                                             # ⌈a/b⌉ written out: as above
+        idx -= chunks
+        pid_n += 1
+        chunks = (GROUP * (q_blocks - pid_n * BLOCK_N // BLOCK_M) + BWD_CHUNK - 1) // BWD_CHUNK
+    return pid_n, idx
+
+
+@triton.jit
+def attention_bwd(qkv_ptr, do_ptr, lse_ptr, delta_ptr, kv_part_ptr, ds_ptr, T, SCALE: tl.constexpr,
+                  HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BWD_CHUNK: tl.constexpr):
+    """One chunk c of one (kv block, kv head): its ≤ BWD_CHUNK (query head, query block) trips as
+    fp32 partial dk′ | dv in kv_part[c] (T, 2·G·d), and bf(ds)ᵀ of each trip's tile in ds16
+    (H, T, T) at [head, kv rows, query rows] (0 above the diagonal)."""
     W: tl.constexpr = (HEADS + 2 * KV_HEADS) * HEAD_DIM
     GROUP: tl.constexpr = HEADS // KV_HEADS
+    PW: tl.constexpr = 2 * KV_HEADS * HEAD_DIM
+    pid = tl.program_id(0)
+    kv = pid % KV_HEADS
+    pid_n, chunk = _dkdv_chunk_of(pid // KV_HEADS, T, GROUP, BLOCK_M, BLOCK_N, BWD_CHUNK)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     k_col = (HEADS + kv) * HEAD_DIM
@@ -67,79 +156,90 @@ def _dkdv(qkv_ptr, do_ptr, lse_ptr, delta_ptr, rope_ptr, dqkv_ptr, T, pid_n, kv,
     v = tl.load(qkv_ptr + offs_n[:, None] * W + v_col + offs_d[None, :])
     dk = tl.zeros((BLOCK_N, HEAD_DIM), tl.float32)
     dv = tl.zeros((BLOCK_N, HEAD_DIM), tl.float32)
-    first_m = (pid_n * BLOCK_N) // BLOCK_M * BLOCK_M                 # the block holding the diagonal
-    for j in tl.static_range(GROUP):                                  # query heads in head order
-        head = kv * GROUP + j
-        for start_m in range(first_m, T, BLOCK_M):
-            offs_m = start_m + tl.arange(0, BLOCK_M)
-            qt = tl.load(qkv_ptr + offs_m[None, :] * W + head * HEAD_DIM + offs_d[:, None])  # (d, BM)
-            do = tl.load(do_ptr + offs_m[:, None] * (HEADS * HEAD_DIM) + head * HEAD_DIM
-                         + offs_d[None, :]).to(tl.bfloat16)                                # (BM, d)
-            lse = tl.load(lse_ptr + head * T + offs_m)
-            delta = tl.load(delta_ptr + head * T + offs_m)
-            st = tl.dot(k, qt) * SCALE                                                     # (BN, BM)
-            pt = tl.exp(st - lse[None, :])
-            pt = tl.where(offs_m[None, :] >= offs_n[:, None], pt, 0.0)
-            dv = tl.dot(pt.to(tl.bfloat16), do, dv)
-            dpt = tl.dot(v, tl.trans(do))                                                  # (BN, BM)
-            dst = pt * (dpt - delta[None, :]) * SCALE
-            dk = tl.dot(dst.to(tl.bfloat16), tl.trans(qt), dk)
-    cos_t, sin_t = load_rope(rope_ptr, offs_n, T, HEAD_DIM)
-    dk = rotate_tile(dk, cos_t, sin_t, 0, 1, 1, HEAD_DIM, True)
-    tl.store(dqkv_ptr + offs_n[:, None] * W + k_col + offs_d[None, :], dk.to(tl.bfloat16))
-    tl.store(dqkv_ptr + offs_n[:, None] * W + v_col + offs_d[None, :], dv.to(tl.bfloat16))
+    first_m = (pid_n * BLOCK_N) // BLOCK_M                          # the block holding the diagonal
+    rows = T // BLOCK_M - first_m                                   # query blocks per query head
+    t0 = chunk * BWD_CHUNK
+    for t in range(t0, tl.minimum(t0 + BWD_CHUNK, GROUP * rows)):   # head order, then block order
+        head = kv * GROUP + t // rows
+        offs_m = (first_m + t % rows) * BLOCK_M + tl.arange(0, BLOCK_M)
+        qt = tl.load(qkv_ptr + offs_m[None, :] * W + head * HEAD_DIM + offs_d[:, None])  # (d, BM)
+        do = tl.load(do_ptr + offs_m[:, None] * (HEADS * HEAD_DIM) + head * HEAD_DIM
+                     + offs_d[None, :]).to(tl.bfloat16)                                # (BM, d)
+        lse = tl.load(lse_ptr + head * T + offs_m)
+        delta = tl.load(delta_ptr + head * T + offs_m)
+        st = tl.dot(k, qt) * SCALE                                                     # (BN, BM)
+        pt = tl.exp(st - lse[None, :])
+        pt = tl.where(offs_m[None, :] >= offs_n[:, None], pt, 0.0)
+        dv = tl.dot(pt.to(tl.bfloat16), do, dv)
+        dpt = tl.dot(v, tl.trans(do))                                                  # (BN, BM)
+        dst = (pt * (dpt - delta[None, :]) * SCALE).to(tl.bfloat16)
+        tl.store(ds_ptr + head * T * T + offs_n[:, None] * T + offs_m[None, :], dst)
+        dk = tl.dot(dst, tl.trans(qt), dk)
+    part = kv_part_ptr + chunk * T * PW + offs_n[:, None] * PW + kv * HEAD_DIM + offs_d[None, :]
+    tl.store(part, dk)
+    tl.store(part + KV_HEADS * HEAD_DIM, dv)
 
 
 @triton.jit
-def _dq(qkv_ptr, do_ptr, lse_ptr, delta_ptr, rope_ptr, dqkv_ptr, T, pid_m, head, SCALE: tl.constexpr,
-        HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """bf(dq) (dq' through rotary_backward) (T, H·d) into dqkv's q columns (bf16) for one
-    (query block, head)."""
+def _dq(qkv_ptr, ds_ptr, rope_ptr, dqkv_ptr, T, pid_m, head, HEADS: tl.constexpr,
+        KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """bf(dq) (dq′ = Σ_n bf(ds)·bf(k′), through rotary_backward) into dqkv's q columns for one
+    (query block, head); the kv blocks in order, the diagonal's upper part is 0 in ds16."""
     W: tl.constexpr = (HEADS + 2 * KV_HEADS) * HEAD_DIM
     kv = head // (HEADS // KV_HEADS)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     k_col = (HEADS + kv) * HEAD_DIM
-    v_col = (HEADS + KV_HEADS + kv) * HEAD_DIM
-    q = tl.load(qkv_ptr + offs_m[:, None] * W + head * HEAD_DIM + offs_d[None, :])   # (BM, d)
-    do = tl.load(do_ptr + offs_m[:, None] * (HEADS * HEAD_DIM) + head * HEAD_DIM
-                 + offs_d[None, :]).to(tl.bfloat16)
-    lse = tl.load(lse_ptr + head * T + offs_m)
-    delta = tl.load(delta_ptr + head * T + offs_m)
     dq = tl.zeros((BLOCK_M, HEAD_DIM), tl.float32)
     for start_n in range(0, (pid_m + 1) * BLOCK_M, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        kt = tl.load(qkv_ptr + offs_n[None, :] * W + k_col + offs_d[:, None])         # (d, BN)
-        vt = tl.load(qkv_ptr + offs_n[None, :] * W + v_col + offs_d[:, None])
-        s = tl.dot(q, kt) * SCALE
-        p = tl.exp(s - lse[:, None])
-        p = tl.where(offs_m[:, None] >= offs_n[None, :], p, 0.0)
-        dp = tl.dot(do, vt)
-        ds = p * (dp - delta[:, None]) * SCALE
-        dq = tl.dot(ds.to(tl.bfloat16), tl.trans(kt), dq)
+        dst = tl.load(ds_ptr + head * T * T + offs_n[:, None] * T + offs_m[None, :])  # (BN, BM)
+        k = tl.load(qkv_ptr + offs_n[:, None] * W + k_col + offs_d[None, :])          # (BN, d)
+        dq = tl.dot(tl.trans(dst), k, dq)
     cos_t, sin_t = load_rope(rope_ptr, offs_m, T, HEAD_DIM)
     dq = rotate_tile(dq, cos_t, sin_t, 0, 1, 1, HEAD_DIM, True)
     tl.store(dqkv_ptr + offs_m[:, None] * W + head * HEAD_DIM + offs_d[None, :], dq.to(tl.bfloat16))
 
 
 @triton.jit
-def attention_bwd(qkv_ptr, do_ptr, lse_ptr, delta_ptr, rope_ptr, dqkv_ptr, T, SCALE: tl.constexpr,
-                  HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The whole attention backward in one launch, grid ((T/BLOCK_N)·G + (T/BLOCK_M)·H,): the first
-    programs are dK/dV (kv block, kv head), the rest dQ (query block, head).  They write disjoint
-    columns of dqkv and share no partial sums, so running them side by side changes no bit; one
-    launch instead of two fills the GPU (64 + 128 programs on 132 SMs for coppelius).  Both halves
-    start with their longest programs (kv block 0 loops over every query block; the last query
-    block over every kv block)."""
+def _dkdv_merge(kv_part_ptr, rope_ptr, dqkv_ptr, T, pid_n, kv, HEADS: tl.constexpr,
+                KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, BWD_CHUNK: tl.constexpr):
+    """bf(dk) (the partials' sum in slot order, through rotary_backward) and bf(dv) into dqkv's k
+    and v columns for one (kv block, kv head)."""
+    W: tl.constexpr = (HEADS + 2 * KV_HEADS) * HEAD_DIM
+    GROUP: tl.constexpr = HEADS // KV_HEADS
+    PW: tl.constexpr = 2 * KV_HEADS * HEAD_DIM
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    chunks = tl.cdiv(GROUP * (T // BLOCK_M - (pid_n * BLOCK_N) // BLOCK_M), BWD_CHUNK)
+    part = kv_part_ptr + offs_n[:, None] * PW + kv * HEAD_DIM + offs_d[None, :]
+    dk = tl.load(part)
+    dv = tl.load(part + KV_HEADS * HEAD_DIM)
+    for c in range(1, chunks):
+        dk = dk + tl.load(part + c * T * PW)
+        dv = dv + tl.load(part + c * T * PW + KV_HEADS * HEAD_DIM)
+    cos_t, sin_t = load_rope(rope_ptr, offs_n, T, HEAD_DIM)
+    dk = rotate_tile(dk, cos_t, sin_t, 0, 1, 1, HEAD_DIM, True)
+    k_col = (HEADS + kv) * HEAD_DIM
+    v_col = (HEADS + KV_HEADS + kv) * HEAD_DIM
+    tl.store(dqkv_ptr + offs_n[:, None] * W + k_col + offs_d[None, :], dk.to(tl.bfloat16))
+    tl.store(dqkv_ptr + offs_n[:, None] * W + v_col + offs_d[None, :], dv.to(tl.bfloat16))
+
+
+@triton.jit
+def attention_bwd_dq(qkv_ptr, ds_ptr, kv_part_ptr, rope_ptr, dqkv_ptr, T, HEADS: tl.constexpr,
+                     KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BWD_CHUNK: tl.constexpr):
+    """The rest of the attention backward, grid ((T/BLOCK_M)·H + (T/BLOCK_N)·G,): first dQ programs
+    (query block, head), the last query block first, then the dK/dV merges (kv block, kv head).
+    They write disjoint columns of dqkv, so running them side by side changes no bit."""
     pid = tl.program_id(0)
-    kv_blocks = tl.cdiv(T, BLOCK_N)
-    q_blocks = tl.cdiv(T, BLOCK_M)
-    if pid < kv_blocks * KV_HEADS:
-        _dkdv(qkv_ptr, do_ptr, lse_ptr, delta_ptr, rope_ptr, dqkv_ptr, T, pid % kv_blocks,
-              pid // kv_blocks, SCALE, HEADS, KV_HEADS, HEAD_DIM, BLOCK_M, BLOCK_N)
+    dq_programs = T // BLOCK_M * HEADS
+    if pid < dq_programs:
+        _dq(qkv_ptr, ds_ptr, rope_ptr, dqkv_ptr, T, T // BLOCK_M - 1 - pid // HEADS, pid % HEADS,
+            HEADS, KV_HEADS, HEAD_DIM, BLOCK_M, BLOCK_N)
     else:
-        q = pid - kv_blocks * KV_HEADS
-        _dq(qkv_ptr, do_ptr, lse_ptr, delta_ptr, rope_ptr, dqkv_ptr, T, q_blocks - 1 - q % q_blocks,
-            q // q_blocks, SCALE, HEADS, KV_HEADS, HEAD_DIM, BLOCK_M, BLOCK_N)
+        r = pid - dq_programs
+        _dkdv_merge(kv_part_ptr, rope_ptr, dqkv_ptr, T, r // KV_HEADS, r % KV_HEADS, HEADS,
+                    KV_HEADS, HEAD_DIM, BLOCK_M, BLOCK_N, BWD_CHUNK)

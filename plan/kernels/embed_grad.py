@@ -1,15 +1,19 @@
-"""Deterministic embedding backward: dE[id] = Σ de[r] over rows with inputs[r] = id, rows in
-increasing order (NUMERICS embed_backward), without atomics.
+"""Deterministic embedding backward with E's AdamW: dE[id] = Σ de[r] over rows with inputs[r] = id,
+rows in increasing order (NUMERICS embed_backward), without atomics, then the update of E's P/M/V
+rows from it (and of the two gains from their gradients) — the gradient of E never leaves
+registers.
 
 `store_next_rows` (run inside embed_fwd) links each row to the next row holding the same token
 (T when none);
 `embed_grad` gives each program BLOCK_V vocabulary rows: it finds each id's first row, then
-walks the chains, adding de rows in increasing row order, and writes every dE row it owns
-(zeros for absent ids), so the whole E slice of the gradient is overwritten each step, and copies
-the first words to the w1 window.
+walks the chains, adding de rows in increasing row order; every E row it owns is updated (absent
+ids have g = 0: decay and moment decay, as the whole-plane AdamW does), and the programs that own
+dE's first words copy them to the w1 window.  One more program updates the gains from dgain.
 """
 import triton
 import triton.language as tl
+
+from plan.kernels.adamw import adamw_update, bias_corrections
 
 
 @triton.jit
@@ -27,27 +31,65 @@ def store_next_rows(ids_ptr, next_ptr, offs_r, T, BLOCK_T: tl.constexpr):
 
 
 @triton.jit
-def embed_grad(ids_ptr, next_ptr, de_ptr, de_table_ptr, w1_ptr, T, V, D: tl.constexpr,
-               W1_WORDS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_T: tl.constexpr,
-               BLOCK_D: tl.constexpr):
-    """dE (V, D) fp32 from de (T, D), ids (T,) u32 and the next-row links; the programs that own
-    dE's first W1_WORDS words also store them to w1 (the staging window: one copy launch fewer)."""
-    offs_v = tl.program_id(0) * BLOCK_V + tl.arange(0, BLOCK_V)
-    offs_t = tl.arange(0, BLOCK_T)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_d = offs_d < D
-    ids_t = tl.load(ids_ptr + offs_t, mask=offs_t < T, other=0).to(tl.int32)
-    here = (ids_t[None, :] == offs_v[:, None]) & (offs_t[None, :] < T)
-    cur = tl.min(tl.where(here, offs_t[None, :], T), 1)              # (BLOCK_V,) first row or T
-    acc = tl.zeros((BLOCK_V, BLOCK_D), tl.float32)
-    while tl.min(cur, 0) < T:
-        live = cur < T
-        row = tl.where(live, cur, 0)
-        acc += tl.load(de_ptr + row[:, None] * D + offs_d[None, :],
-                       mask=live[:, None] & mask_d[None, :], other=0.0)
-        cur = tl.where(live, tl.load(next_ptr + row, mask=live, other=T), T)
-    flat = offs_v[:, None] * D + offs_d[None, :]                    # (BLOCK_V, BLOCK_D) word index
-    mask = (offs_v < V)[:, None] & mask_d[None, :]
-    tl.store(de_table_ptr + flat, acc, mask=mask)
-    if tl.program_id(0) * BLOCK_V * D < W1_WORDS:
-        tl.store(w1_ptr + flat, acc, mask=mask & (flat < W1_WORDS))
+def _update_gain(p_ptr, dg_ptr, NPARAM, step_size, bc2_sqrt, D: tl.constexpr,
+                 BLOCK_D: tl.constexpr, BETA1: tl.constexpr, ONE_MINUS_BETA1: tl.constexpr,
+                 BETA2: tl.constexpr, ONE_MINUS_BETA2: tl.constexpr, EPS: tl.constexpr):
+    # a gain (D,) at p_ptr in the P plane: not decayed
+    offs = tl.arange(0, BLOCK_D)
+    mask = offs < D
+    g = tl.load(dg_ptr + offs, mask=mask, other=0.0)
+    p = tl.load(p_ptr + offs, mask=mask, other=0.0)
+    m = tl.load(p_ptr + NPARAM + offs, mask=mask, other=0.0)
+    v = tl.load(p_ptr + 2 * NPARAM + offs, mask=mask, other=0.0)
+    p, m, v = adamw_update(p, m, v, g, step_size, bc2_sqrt, BETA1, ONE_MINUS_BETA1, BETA2,
+                           ONE_MINUS_BETA2, EPS)
+    tl.store(p_ptr + offs, p, mask=mask)
+    tl.store(p_ptr + NPARAM + offs, m, mask=mask)
+    tl.store(p_ptr + 2 * NPARAM + offs, v, mask=mask)
+
+
+@triton.jit
+def embed_grad(ids_ptr, next_ptr, de_ptr, e_ptr, gain0_ptr, gain1_ptr, dgain_ptr, w1_ptr,
+               doorbell_ptr, t_base, T, V, NPARAM, D: tl.constexpr, W1_WORDS: tl.constexpr,
+               BLOCK_V: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+               LR: tl.constexpr, BETA1_F64: tl.constexpr, BETA2_F64: tl.constexpr,
+               DECAY: tl.constexpr, BETA1: tl.constexpr, ONE_MINUS_BETA1: tl.constexpr,
+               BETA2: tl.constexpr, ONE_MINUS_BETA2: tl.constexpr, EPS: tl.constexpr):
+    """dE (V, D) from de (T, D), ids (T,) u32 and the next-row links, applied at once: E's rows
+    of P/M/V (e_ptr: E in the P plane; M, V planes NPARAM and 2·NPARAM further) updated by AdamW
+    (decayed) at t = t_base + doorbell; dE's first W1_WORDS words to w1.  Program cdiv(V, BLOCK_V)
+    updates the two gains (gain0/gain1: g_embed, g_final in the P plane) from dgain (2, D)."""
+    pid = tl.program_id(0)
+    step_size, bc2_sqrt = bias_corrections(doorbell_ptr, t_base, LR, BETA1_F64, BETA2_F64)
+    if pid == tl.cdiv(V, BLOCK_V):
+        _update_gain(gain0_ptr, dgain_ptr, NPARAM, step_size, bc2_sqrt, D, BLOCK_D, BETA1,
+                     ONE_MINUS_BETA1, BETA2, ONE_MINUS_BETA2, EPS)
+        _update_gain(gain1_ptr, dgain_ptr + D, NPARAM, step_size, bc2_sqrt, D, BLOCK_D, BETA1,
+                     ONE_MINUS_BETA1, BETA2, ONE_MINUS_BETA2, EPS)
+    else:
+        offs_v = pid * BLOCK_V + tl.arange(0, BLOCK_V)
+        offs_t = tl.arange(0, BLOCK_T)
+        offs_d = tl.arange(0, BLOCK_D)
+        mask_d = offs_d < D
+        ids_t = tl.load(ids_ptr + offs_t, mask=offs_t < T, other=0).to(tl.int32)
+        here = (ids_t[None, :] == offs_v[:, None]) & (offs_t[None, :] < T)
+        cur = tl.min(tl.where(here, offs_t[None, :], T), 1)          # (BLOCK_V,) first row or T
+        acc = tl.zeros((BLOCK_V, BLOCK_D), tl.float32)
+        while tl.min(cur, 0) < T:
+            live = cur < T
+            row = tl.where(live, cur, 0)
+            acc += tl.load(de_ptr + row[:, None] * D + offs_d[None, :],
+                           mask=live[:, None] & mask_d[None, :], other=0.0)
+            cur = tl.where(live, tl.load(next_ptr + row, mask=live, other=T), T)
+        flat = offs_v[:, None] * D + offs_d[None, :]                # (BLOCK_V, BLOCK_D) word index
+        mask = (offs_v < V)[:, None] & mask_d[None, :]
+        if pid * BLOCK_V * D < W1_WORDS:
+            tl.store(w1_ptr + flat, acc, mask=mask & (flat < W1_WORDS))
+        p = tl.load(e_ptr + flat, mask=mask, other=0.0)
+        m = tl.load(e_ptr + NPARAM + flat, mask=mask, other=0.0)
+        v = tl.load(e_ptr + 2 * NPARAM + flat, mask=mask, other=0.0)
+        p, m, v = adamw_update(p * DECAY, m, v, acc, step_size, bc2_sqrt, BETA1, ONE_MINUS_BETA1,
+                               BETA2, ONE_MINUS_BETA2, EPS)
+        tl.store(e_ptr + flat, p, mask=mask)
+        tl.store(e_ptr + NPARAM + flat, m, mask=mask)
+        tl.store(e_ptr + 2 * NPARAM + flat, v, mask=mask)

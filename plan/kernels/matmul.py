@@ -6,10 +6,13 @@ One kernel covers every matrix product of the model through two layout flags:
   B_T = False: B stored (K, N) row-major
 so `h @ Wᵀ` is (A_T=0, B_T=1), `dY @ W` is (0, 0) and the weight gradient `dYᵀ @ h` is (1, 0).
 `matmul_swiglu` computes the gate and up products of one tile together and applies SwiGLU;
-`matmul_rotary` is the qkv product with rotary in its epilogue (bf16 q'|k'|v out, no fp32 scratch);
-`matmul_norm` is the head product.  These three take the fp32 residual rows and apply rmsnorm in
-their prologue (no rmsnorm_fwd launch): each program sums its rows' squares first, then scales
-and rounds each A chunk as it loads it; the first column tile also stores h16 and rstd.
+`matmul_rotary` is the qkv product with rotary in its epilogue (bf16 q'|k'|v out, no fp32 scratch).
+These two take the fp32 residual rows and apply rmsnorm in their prologue (no rmsnorm_fwd launch;
+the head reads the bf16 output of the final norm's row launch instead, plan/kernels/norms.py):
+r comes from the per-row partial sums of squares the residual's producer wrote
+(`matmul_residual` — out_proj, mlp down — and embed_fwd: one per column tile, added in order),
+then each A chunk is scaled and rounded as it loads: the fp32 rows are read once per column tile;
+the first column tile also stores h16 and rstd.
 `matmul_delta` is out_proj_backward's dO product that also forms delta = rowsum(dO·o) per head.
 The epilogues fuse what used to be separate launches with the same fp32 operations in the same
 order, so the rounding points of NUMERICS.md do not move.
@@ -19,7 +22,7 @@ import triton
 import triton.language as tl
 
 from plan.kernels import meta
-from plan.kernels.norms import RMS_EPS
+from plan.kernels.norms import RMS_EPS, load_parts
 from plan.kernels.rotary import load_rope, rotate_tile
 
 EPI_F32 = tl.constexpr(meta.EPI_F32)
@@ -29,9 +32,9 @@ EPI_SWIGLU_BWD = tl.constexpr(meta.EPI_SWIGLU_BWD)
 
 
 @triton.jit
-def _tile_ids(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
-    # grouped ordering: GROUP_M row tiles share their B tiles in L2
-    pid = tl.program_id(0)
+def _tile_ids(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    # grouped ordering: GROUP_M row tiles share their B tiles in L2; pid counts the tiles of one
+    # product from 0
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
     per_group = GROUP_M * tiles_n
@@ -64,12 +67,14 @@ def _load_b(b_ptr, offs_k, offs_n, N, K, B_T: tl.constexpr):
 
 
 @triton.jit
-def _accumulate(a_ptr, b_ptr, offs_m, offs_n, M, N, K, A_T: tl.constexpr, B_T: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """acc (BLOCK_M, BLOCK_N) fp32 = bf(A) @ bf(B) over the whole K, in increasing k."""
+def _accumulate(a_ptr, b_ptr, offs_m, offs_n, M, N, K, k_lo, k_hi, A_T: tl.constexpr,
+                B_T: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_K: tl.constexpr):
+    """acc (BLOCK_M, BLOCK_N) fp32 = bf(A) @ bf(B) over k in [k_lo, k_hi) (k_lo a multiple of
+    BLOCK_K), in increasing k."""
     offs_k = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(k_lo, k_hi, BLOCK_K):
         a = _load_a(a_ptr, offs_m, k0 + offs_k, M, K, A_T)
         b = _load_b(b_ptr, k0 + offs_k, offs_n, N, K, B_T)
         acc = tl.dot(a, b, acc)
@@ -77,57 +82,88 @@ def _accumulate(a_ptr, b_ptr, offs_m, offs_n, M, N, K, A_T: tl.constexpr, B_T: t
 
 
 @triton.jit
-def _row_rstd(x_ptr, offs_m, M, K, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
-    """r (BLOCK_M,) = 1/sqrt(mean(x²) + eps) of fp32 rows x (M, K), summed over K in BLOCK_K chunks
-    (a fixed order), IEEE division and square root as rmsnorm does."""
-    offs_k = tl.arange(0, BLOCK_K)
-    ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        mask = (offs_m[:, None] < M) & (k0 + offs_k[None, :] < K)
-        x = tl.load(x_ptr + offs_m[:, None] * K + k0 + offs_k[None, :], mask=mask, other=0.0)
-        ss += tl.sum(x * x, 1)
+def _ssq_rstd(ssq_ptr, offs_m, M, K, SSQ_PARTS: tl.constexpr):
+    """r (BLOCK_M,) = 1/sqrt(mean(x²) + eps) of the rows offs_m of an fp32 residual x (M, K) from
+    its producer's per-row partial sums of squares ssq (SSQ_PARTS, M) — one per column tile of
+    the producer, added in column-tile order (a fixed order) — IEEE division and square root as
+    rmsnorm does.  The fused norm prologues so read x only once, as their A operand."""
+    ss = load_parts(ssq_ptr, offs_m, offs_m < M, M, SSQ_PARTS)
     ms = tl.div_rn(ss, K.to(tl.float32))
     return tl.div_rn(tl.full((), 1.0, tl.float32), tl.sqrt_rn(ms + RMS_EPS))
 
 
 @triton.jit
-def _load_normed(x_ptr, g_ptr, h16_ptr, r, offs_m, offs_k, M, K, HAS_GAIN: tl.constexpr, keep):
-    """bf(x·r [·g]) (BLOCK_M, BLOCK_K): the rmsnorm output chunk as a matmul operand (NUMERICS
-    rmsnorm / final_norm); rows where `keep` (BLOCK_M,) also store it to h16 (M, K) for the backward."""
+def store_ssq(ssq_ptr, x, offs_m, M, part):
+    """ssq[part, m] = Σ_n x[m, n]² of a residual tile x (BLOCK_M, BLOCK_N) (columns past N hold 0):
+    the partial sum its consumer's norm prologue adds in part order."""
+    tl.store(ssq_ptr + part * M + offs_m, tl.sum(x * x, 1), mask=offs_m < M)
+
+
+@triton.jit
+def _load_normed(x_ptr, h16_ptr, r, offs_m, offs_k, M, K, keep):
+    """bf(x·r) (BLOCK_M, BLOCK_K): the rmsnorm output chunk as a matmul operand (NUMERICS
+    rmsnorm); rows where `keep` (BLOCK_M,) also store it to h16 (M, K) for the backward."""
     mask = (offs_m[:, None] < M) & (offs_k[None, :] < K)
     offs = offs_m[:, None] * K + offs_k[None, :]
-    y = tl.load(x_ptr + offs, mask=mask, other=0.0) * r[:, None]
-    if HAS_GAIN:
-        y = y * tl.load(g_ptr + offs_k, mask=offs_k < K, other=0.0)[None, :]
-    h = y.to(tl.bfloat16)
+    h = (tl.load(x_ptr + offs, mask=mask, other=0.0) * r[:, None]).to(tl.bfloat16)
     tl.store(h16_ptr + offs, h, mask=mask & keep[:, None])
     return h
 
 
 @triton.jit
+def _swiglu_bwd_half(dz, c_ptr, aux_ptr, offs_m, offs_n, M, N):
+    """dz (BLOCK_M, cols) of the SwiGLU backward; [a | b] (M, 2N) saved by the forward; writes
+    [bf(da) | bf(db)] of those columns (NUMERICS mlp_backward)."""
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    row = offs_m[:, None] * (2 * N)
+    ga = tl.load(aux_ptr + row + offs_n[None, :], mask=mask, other=0.0)
+    up = tl.load(aux_ptr + row + N + offs_n[None, :], mask=mask, other=0.0)
+    ea = 1.0 + tl.exp(-ga)
+    sig = tl.div_rn(1.0, ea)
+    silu = tl.div_rn(ga, ea)
+    dsilu = sig * (1.0 + ga * (1.0 - sig))
+    da = dz * up * dsilu
+    db = dz * silu
+    tl.store(c_ptr + row + offs_n[None, :], da.to(tl.bfloat16), mask=mask)
+    tl.store(c_ptr + row + N + offs_n[None, :], db.to(tl.bfloat16), mask=mask)
+
+
+@triton.jit
 def matmul(a_ptr, b_ptr, c_ptr, aux_ptr, M, N, K,
-           A_T: tl.constexpr, B_T: tl.constexpr, EPILOGUE: tl.constexpr,
+           A_T: tl.constexpr, B_T: tl.constexpr, EPILOGUE: tl.constexpr, SPLIT_K: tl.constexpr,
            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
            GROUP_M: tl.constexpr):
-    """c (M, N) = epilogue(bf(A) @ bf(B)); aux: the residual (M, N) or [a | b] (M, 2N) for SwiGLU."""
-    pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    """c (M, N) = epilogue(bf(A) @ bf(B)); aux: the residual (M, N) or [a | b] (M, 2N) for SwiGLU.
+
+    SPLIT_K > 1 (EPI_F32 only): grid = tiles × SPLIT_K; program `split · tiles + tile` sums the
+    split-th of the K chunks (cdiv(chunks, SPLIT_K) each, the last ones may be short or empty)
+    and stores its partial to c + split·M·N: c is (SPLIT_K, M, N), and the consumer adds the
+    partials in split order (a fixed order: no atomics)."""
+    pid = tl.program_id(0)
+    if SPLIT_K == 1:
+        pid_m, pid_n = _tile_ids(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        k_lo = 0
+        k_hi = K
+    else:
+        tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+        split = pid // tiles
+        pid_m, pid_n = _tile_ids(pid % tiles, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        per = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
+        k_lo = split * per
+        k_hi = tl.minimum(k_lo + per, K)
+        c_ptr += split * M * N
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = _accumulate(a_ptr, b_ptr, offs_m, offs_n, M, N, K, A_T, B_T, BLOCK_M, BLOCK_N, BLOCK_K)
+    acc = _accumulate(a_ptr, b_ptr, offs_m, offs_n, M, N, K, k_lo, k_hi, A_T, B_T,
+                      BLOCK_M, BLOCK_N, BLOCK_K)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     if EPILOGUE == EPI_SWIGLU_BWD:
-        # acc = dz; [a | b] saved by the forward; writes [bf(da) | bf(db)] (NUMERICS mlp_backward)
-        row = offs_m[:, None] * (2 * N)
-        ga = tl.load(aux_ptr + row + offs_n[None, :], mask=mask, other=0.0)
-        up = tl.load(aux_ptr + row + N + offs_n[None, :], mask=mask, other=0.0)
-        ea = 1.0 + tl.exp(-ga)
-        sig = tl.div_rn(1.0, ea)
-        silu = tl.div_rn(ga, ea)
-        dsilu = sig * (1.0 + ga * (1.0 - sig))
-        da = acc * up * dsilu
-        db = acc * silu
-        tl.store(c_ptr + row + offs_n[None, :], da.to(tl.bfloat16), mask=mask)
-        tl.store(c_ptr + row + N + offs_n[None, :], db.to(tl.bfloat16), mask=mask)
+        # in two column halves: fewer tiles of a, b and their intermediates live at once
+        HALF: tl.constexpr = BLOCK_N // 2
+        dz_lo, dz_hi = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, HALF)), (0, 2, 1)))
+        offs_h = pid_n * BLOCK_N + tl.arange(0, HALF)
+        _swiglu_bwd_half(dz_lo, c_ptr, aux_ptr, offs_m, offs_h, M, N)
+        _swiglu_bwd_half(dz_hi, c_ptr, aux_ptr, offs_m, offs_h + HALF, M, N)
     else:
         offs_c = offs_m[:, None] * N + offs_n[None, :]
         if EPILOGUE == EPI_RESIDUAL:
@@ -139,44 +175,42 @@ def matmul(a_ptr, b_ptr, c_ptr, aux_ptr, M, N, K,
 
 
 @triton.jit
-def matmul_norm(x_ptr, g_ptr, w_ptr, c_ptr, h16_ptr, rstd_ptr, M, N, K,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                GROUP_M: tl.constexpr):
-    """c (M, N) fp32 = bf(rmsnorm(x)·g) @ bf(W)ᵀ: final_norm in the prologue, then head.  x (M, K)
-    fp32, g (K,); the programs of the first column tile also store h16 = bf(rmsnorm(x)·g) and
-    rstd (M,) for the backward."""
-    pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+def matmul_residual(a_ptr, b_ptr, x_ptr, out_ptr, ssq_ptr, M, N, K,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    GROUP_M: tl.constexpr):
+    """out (M, N) = x + bf(A) @ bf(B)ᵀ (A (M, K), B (N, K): out_proj, mlp down), the residual
+    stream; and ssq (cdiv(N, BLOCK_N), M): each column tile's per-row Σ out², which the next norm
+    prologue adds up instead of re-reading the rows (NUMERICS out_proj / mlp)."""
+    pid_m, pid_n = _tile_ids(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    keep = offs_m * 0 + pid_n == 0        # (BLOCK_M,): a scalar mask trips Triton 3.9's interpreter
-    r = _row_rstd(x_ptr, offs_m, M, K, BLOCK_M, BLOCK_K)
-    tl.store(rstd_ptr + offs_m, r, mask=(offs_m < M) & keep)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        h = _load_normed(x_ptr, g_ptr, h16_ptr, r, offs_m, k0 + offs_k, M, K, True, keep)
-        acc = tl.dot(h, _load_b(w_ptr, k0 + offs_k, offs_n, N, K, True), acc)
+    acc = _accumulate(a_ptr, b_ptr, offs_m, offs_n, M, N, K, 0, K, False, True,
+                      BLOCK_M, BLOCK_N, BLOCK_K)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    tl.store(c_ptr + offs_m[:, None] * N + offs_n[None, :], acc, mask=mask)
+    offs = offs_m[:, None] * N + offs_n[None, :]
+    out = tl.load(x_ptr + offs, mask=mask, other=0.0) + acc
+    tl.store(out_ptr + offs, out, mask=mask)
+    store_ssq(ssq_ptr, out, offs_m, M, pid_n)
 
 
 @triton.jit
-def matmul_swiglu(x_ptr, wg_ptr, wu_ptr, ab_ptr, z_ptr, h16_ptr, rstd_ptr, M, N, K,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+def matmul_swiglu(x_ptr, ssq_ptr, wg_ptr, wu_ptr, ab_ptr, z_ptr, h16_ptr, rstd_ptr, M, N, K,
+                  SSQ_PARTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr,
                   GROUP_M: tl.constexpr):
     """h = rmsnorm(x) in the prologue (x (M, K) fp32; the first column tile stores h16 and rstd);
     a = bf(h) @ bf(Wgate)ᵀ, b = bf(h) @ bf(Wup)ᵀ (M, N); ab = [a | b] (M, 2N) fp32; z = bf(silu(a)·b)."""
-    pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    pid_m, pid_n = _tile_ids(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     keep = offs_m * 0 + pid_n == 0        # (BLOCK_M,): a scalar mask trips Triton 3.9's interpreter
-    r = _row_rstd(x_ptr, offs_m, M, K, BLOCK_M, BLOCK_K)
+    r = _ssq_rstd(ssq_ptr, offs_m, M, K, SSQ_PARTS)
     tl.store(rstd_ptr + offs_m, r, mask=(offs_m < M) & keep)
     acc_a = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_b = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        h = _load_normed(x_ptr, x_ptr, h16_ptr, r, offs_m, k0 + offs_k, M, K, False, keep)
+        h = _load_normed(x_ptr, h16_ptr, r, offs_m, k0 + offs_k, M, K, keep)
         acc_a = tl.dot(h, _load_b(wg_ptr, k0 + offs_k, offs_n, N, K, True), acc_a)
         acc_b = tl.dot(h, _load_b(wu_ptr, k0 + offs_k, offs_n, N, K, True), acc_b)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
@@ -188,8 +222,8 @@ def matmul_swiglu(x_ptr, wg_ptr, wu_ptr, ab_ptr, z_ptr, h16_ptr, rstd_ptr, M, N,
 
 
 @triton.jit
-def matmul_rotary(x_ptr, w_ptr, qkv_ptr, rope_ptr, h16_ptr, rstd_ptr, M, N, K,
-                  ROTATED: tl.constexpr, HEAD_DIM: tl.constexpr,
+def matmul_rotary(x_ptr, ssq_ptr, w_ptr, qkv_ptr, rope_ptr, h16_ptr, rstd_ptr, M, N, K,
+                  SSQ_PARTS: tl.constexpr, ROTATED: tl.constexpr, HEAD_DIM: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                   GROUP_M: tl.constexpr):
     """qkv (M, N) bf16 = bf(rotary(bf(h) @ bf(W)ᵀ)), h = rmsnorm(x) in the prologue (x (M, K) fp32;
@@ -197,16 +231,16 @@ def matmul_rotary(x_ptr, w_ptr, qkv_ptr, rope_ptr, h16_ptr, rstd_ptr, M, N, K,
     the first ROTATED heads (q and k) rotated (NUMERICS qkv + rotary), v cast; rope (M, d) =
     [cos | sin] per row (embed_fwd writes it).  BLOCK_N holds whole heads."""
     HEADS_IN_TILE: tl.constexpr = BLOCK_N // HEAD_DIM
-    pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    pid_m, pid_n = _tile_ids(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     keep = offs_m * 0 + pid_n == 0        # (BLOCK_M,): a scalar mask trips Triton 3.9's interpreter
-    r = _row_rstd(x_ptr, offs_m, M, K, BLOCK_M, BLOCK_K)
+    r = _ssq_rstd(ssq_ptr, offs_m, M, K, SSQ_PARTS)
     tl.store(rstd_ptr + offs_m, r, mask=(offs_m < M) & keep)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        h = _load_normed(x_ptr, x_ptr, h16_ptr, r, offs_m, k0 + offs_k, M, K, False, keep)
+        h = _load_normed(x_ptr, h16_ptr, r, offs_m, k0 + offs_k, M, K, keep)
         acc = tl.dot(h, _load_b(w_ptr, k0 + offs_k, offs_n, N, K, True), acc)
     c, s = load_rope(rope_ptr, offs_m, M, HEAD_DIM)                  # (BLOCK_M, d/2)
     y = rotate_tile(acc, c, s, pid_n * HEADS_IN_TILE, ROTATED, HEADS_IN_TILE, HEAD_DIM, False)
@@ -221,10 +255,11 @@ def matmul_delta(a_ptr, b_ptr, do_ptr, o_ptr, delta_ptr, M, N, K, HEAD_DIM: tl.c
     """dO (M, N) fp32 = bf(A) @ bf(B) (A (M, K), B (K, N): dres @ Wo) and delta (N/d, M) =
     Σ_d dO·o per head (o (M, N) fp32, NUMERICS attention_backward).  BLOCK_N holds whole heads."""
     HEADS_IN_TILE: tl.constexpr = BLOCK_N // HEAD_DIM
-    pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    pid_m, pid_n = _tile_ids(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = _accumulate(a_ptr, b_ptr, offs_m, offs_n, M, N, K, False, False, BLOCK_M, BLOCK_N, BLOCK_K)
+    acc = _accumulate(a_ptr, b_ptr, offs_m, offs_n, M, N, K, 0, K, False, False,
+                      BLOCK_M, BLOCK_N, BLOCK_K)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     offs_c = offs_m[:, None] * N + offs_n[None, :]
     tl.store(do_ptr + offs_c, acc, mask=mask)

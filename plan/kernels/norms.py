@@ -25,10 +25,12 @@ def _rstd(x, D: tl.constexpr):
 
 
 @triton.jit
-def embed_fwd(ids_ptr, table_ptr, g_ptr, emb_ptr, rstd_ptr, x_ptr, rope_ptr, next_ptr, T,
-              D: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
-              BLOCK_T: tl.constexpr):
-    """e = E[ids] (T, D) → emb = e, rstd = r(e), x = e·r·g (NUMERICS embed); and the rotary table
+def embed_fwd(ids_ptr, table_ptr, g_ptr, emb_ptr, rstd_ptr, x_ptr, ssq_ptr, rope_ptr, next_ptr, T,
+              D: tl.constexpr, HEAD_DIM: tl.constexpr, SSQ_PARTS: tl.constexpr,
+              BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr):
+    """e = E[ids] (T, D) → emb = e, rstd = r(e), x = e·r·g (NUMERICS embed), and x's per-row sums
+    of squares in SSQ_PARTS column chunks of BLOCK_D / SSQ_PARTS (ssq (SSQ_PARTS, T): what the
+    first norm prologue adds up, as it does the matmul_residual tiles'); the rotary table
     rope (T, d) = [cos | sin] of the same rows, which the qkv and attention-backward epilogues read;
     and the next-row links (T,) int32 the embedding backward walks (BLOCK_T ≥ T)."""
     offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -42,21 +44,53 @@ def embed_fwd(ids_ptr, table_ptr, g_ptr, emb_ptr, rstd_ptr, x_ptr, rope_ptr, nex
     offs = offs_r[:, None] * D + offs_d[None, :]
     tl.store(emb_ptr + offs, e, mask=mask)
     tl.store(rstd_ptr + offs_r, r, mask=mask_r)
-    tl.store(x_ptr + offs, (e * r[:, None]) * g[None, :], mask=mask)
+    x = (e * r[:, None]) * g[None, :]
+    tl.store(x_ptr + offs, x, mask=mask)
+    parts = tl.sum(tl.reshape(x * x, (BLOCK_R, SSQ_PARTS, BLOCK_D // SSQ_PARTS)), 2)
+    offs_p = tl.arange(0, SSQ_PARTS)
+    tl.store(ssq_ptr + offs_p[None, :] * T + offs_r[:, None], parts, mask=mask_r[:, None])
     store_rope(rope_ptr, offs_r, T, HEAD_DIM)
     store_next_rows(ids_ptr, next_ptr, offs_r, T, BLOCK_T)
 
 
 @triton.jit
-def _rmsnorm_bwd_rows(pid, dy_ptr, x_ptr, rstd_ptr, g_ptr, dx_ptr, dx16_ptr, T, D: tl.constexpr,
-                      HAS_GAIN: tl.constexpr, ACCUMULATE: tl.constexpr, WRITE_BF16: tl.constexpr,
-                      BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+def final_norm(x_ptr, g_ptr, h16_ptr, rstd_ptr, T, D: tl.constexpr, BLOCK_R: tl.constexpr,
+               BLOCK_D: tl.constexpr):
+    """hf = rmsnorm(x)·g (NUMERICS final_norm) of BLOCK_R whole rows: h16 = bf(x·r·g) (T, D), the
+    head's bf16 operand written once, and rstd = r (T,) for the backward."""
+    offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_r = offs_r < T
+    mask = mask_r[:, None] & (offs_d[None, :] < D)
+    offs = offs_r[:, None] * D + offs_d[None, :]
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    r = _rstd(x, D)
+    g = tl.load(g_ptr + offs_d, mask=offs_d < D, other=0.0)
+    tl.store(h16_ptr + offs, ((x * r[:, None]) * g[None, :]).to(tl.bfloat16), mask=mask)
+    tl.store(rstd_ptr + offs_r, r, mask=mask_r)
+
+
+@triton.jit
+def load_parts(ptr, offs, mask, STRIDE, PARTS: tl.constexpr):
+    """Σ_s ptr[s·STRIDE + offs] for s = 0 .. PARTS−1, added in s order (split-K partials of a
+    product: ((p0 + p1) + p2) + …, a fixed order)."""
+    total = tl.load(ptr + offs, mask=mask, other=0.0)
+    for s in tl.static_range(1, PARTS):
+        total = total + tl.load(ptr + s * STRIDE + offs, mask=mask, other=0.0)
+    return total
+
+
+@triton.jit
+def rmsnorm_bwd_rows(pid, dy_ptr, x_ptr, rstd_ptr, g_ptr, dx_ptr, dx16_ptr, T, D: tl.constexpr,
+                     HAS_GAIN: tl.constexpr, ACCUMULATE: tl.constexpr, WRITE_BF16: tl.constexpr,
+                     BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, DY_PARTS: tl.constexpr):
+    """Rows pid·BLOCK_R … of dx [+]= r·(dy' − y·mean(dy'·y)), dy' = Σ partials of dy [·g]."""
     offs_r = pid * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_d = tl.arange(0, BLOCK_D)
     mask_r = offs_r < T
     mask = mask_r[:, None] & (offs_d[None, :] < D)
     offs = offs_r[:, None] * D + offs_d[None, :]
-    dy = tl.load(dy_ptr + offs, mask=mask, other=0.0)
+    dy = load_parts(dy_ptr, offs, mask, T * D, DY_PARTS)
     if HAS_GAIN:
         dy = dy * tl.load(g_ptr + offs_d, mask=offs_d < D, other=0.0)[None, :]
     r = tl.load(rstd_ptr + offs_r, mask=mask_r, other=0.0)
@@ -71,8 +105,9 @@ def _rmsnorm_bwd_rows(pid, dy_ptr, x_ptr, rstd_ptr, g_ptr, dx_ptr, dx16_ptr, T, 
 
 
 @triton.jit
-def _gain_cols(pid, dy_ptr, x_ptr, rstd_ptr, dg_ptr, T, D: tl.constexpr,
-               BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+def gain_cols(pid, dy_ptr, x_ptr, rstd_ptr, dg_ptr, T, D: tl.constexpr,
+              BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, DY_PARTS: tl.constexpr):
+    """Columns pid·BLOCK_D … of dg (D,) = Σ_rows dy·y, y = x·r, rows in increasing order."""
     offs_d = pid * BLOCK_D + tl.arange(0, BLOCK_D)
     mask_d = offs_d < D
     acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
@@ -83,23 +118,24 @@ def _gain_cols(pid, dy_ptr, x_ptr, rstd_ptr, dg_ptr, T, D: tl.constexpr,
         offs = offs_r[:, None] * D + offs_d[None, :]
         r = tl.load(rstd_ptr + offs_r, mask=mask_r, other=0.0)
         y = tl.load(x_ptr + offs, mask=mask, other=0.0) * r[:, None]
-        acc += tl.sum(tl.load(dy_ptr + offs, mask=mask, other=0.0) * y, 0)
+        acc += tl.sum(load_parts(dy_ptr, offs, mask, T * D, DY_PARTS) * y, 0)
     tl.store(dg_ptr + offs_d, acc, mask=mask_d)
 
 
 @triton.jit
 def rmsnorm_bwd(dy_ptr, x_ptr, rstd_ptr, g_ptr, dx_ptr, dx16_ptr, T, D: tl.constexpr,
                 HAS_GAIN: tl.constexpr, ACCUMULATE: tl.constexpr, WRITE_BF16: tl.constexpr,
-                BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
-    """dx [+]= r·(dy' − y·mean(dy'·y)), dy' = dy [·g], y = x·r; optionally dx16 = bf(dx)."""
-    _rmsnorm_bwd_rows(tl.program_id(0), dy_ptr, x_ptr, rstd_ptr, g_ptr, dx_ptr, dx16_ptr, T, D,
-                      HAS_GAIN, ACCUMULATE, WRITE_BF16, BLOCK_R, BLOCK_D)
+                BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, DY_PARTS: tl.constexpr):
+    """dx [+]= r·(dy' − y·mean(dy'·y)), dy' = dy [·g], y = x·r; optionally dx16 = bf(dx).
+    dy is (DY_PARTS, T, D): split-K partials, summed in order."""
+    rmsnorm_bwd_rows(tl.program_id(0), dy_ptr, x_ptr, rstd_ptr, g_ptr, dx_ptr, dx16_ptr, T, D,
+                     HAS_GAIN, ACCUMULATE, WRITE_BF16, BLOCK_R, BLOCK_D, DY_PARTS)
 
 
 @triton.jit
 def rmsnorm_bwd_gain(dy_ptr, x_ptr, rstd_ptr, g_ptr, dx_ptr, dx16_ptr, dg_ptr, T, D: tl.constexpr,
                      WRITE_BF16: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
-                     GAIN_ROWS: tl.constexpr, GAIN_COLS: tl.constexpr):
+                     GAIN_ROWS: tl.constexpr, GAIN_COLS: tl.constexpr, DY_PARTS: tl.constexpr):
     """The gained norms' backward in one launch: the first cdiv(T, BLOCK_R) programs are
     rmsnorm_bwd (HAS_GAIN, no accumulation), the next cdiv(D, GAIN_COLS) the gain gradient
     dg (D,) = Σ_rows dy·y, y = x·r, rows in a fixed order (no atomics).  Both only read dy, x, r;
@@ -107,7 +143,8 @@ def rmsnorm_bwd_gain(dy_ptr, x_ptr, rstd_ptr, g_ptr, dx_ptr, dx16_ptr, dg_ptr, T
     pid = tl.program_id(0)
     row_programs = tl.cdiv(T, BLOCK_R)
     if pid < row_programs:
-        _rmsnorm_bwd_rows(pid, dy_ptr, x_ptr, rstd_ptr, g_ptr, dx_ptr, dx16_ptr, T, D,
-                          True, False, WRITE_BF16, BLOCK_R, BLOCK_D)
+        rmsnorm_bwd_rows(pid, dy_ptr, x_ptr, rstd_ptr, g_ptr, dx_ptr, dx16_ptr, T, D,
+                         True, False, WRITE_BF16, BLOCK_R, BLOCK_D, DY_PARTS)
     else:
-        _gain_cols(pid - row_programs, dy_ptr, x_ptr, rstd_ptr, dg_ptr, T, D, GAIN_ROWS, GAIN_COLS)
+        gain_cols(pid - row_programs, dy_ptr, x_ptr, rstd_ptr, dg_ptr, T, D, GAIN_ROWS, GAIN_COLS,
+                  DY_PARTS)

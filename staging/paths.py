@@ -1,0 +1,168 @@
+"""Paths the user names: open them without blocking, and turn every OSError into a refusal.
+
+Every reader of a user-named path (token cache, checkpoint, result file, source, tokenizer) opens
+it with `open_regular`: O_NONBLOCK so that a FIFO or a device returns at once instead of waiting
+for a writer, then fstat of the *opened* file (no window between a check and the open), a refusal
+for anything but a regular file, then O_NONBLOCK cleared.  Every writer checks its output path
+with `check_output` before any work.  An OSError on such a path becomes a `UserError` (or the
+caller's subclass) naming what the path is for, the path, and the errno: one line and a hint.
+
+It lives in the lowest layer so that staging and host refuse paths the same way.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import stat
+
+from .errors import UserError
+
+_OPEN_FLAGS = os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+
+# what to do about an errno, when the caller has nothing more specific
+HINTS = {
+    errno.ENOENT: "check the path for a typo",
+    errno.ENOTDIR: "a component of the path is a file, not a directory; check the path",
+    errno.ELOOP: "the path runs through a symbolic-link loop; fix or remove the link",
+    errno.ENAMETOOLONG: "a name in the path is longer than the filesystem allows "
+                        "(usually 255 bytes); shorten it",
+    errno.EACCES: "check the permissions of the path and of its directories",
+    errno.EPERM: "check the permissions of the path and of its directories",
+    errno.EISDIR: "name a file, not a directory",
+    errno.EROFS: "choose a path on a writable filesystem",
+    errno.ENOSPC: "free space on the filesystem holding the path",
+    errno.EDQUOT: "free space or raise the disk quota",
+    errno.EFBIG: "raise the file size limit (ulimit -f)",
+    errno.EIO: "the device reports an I/O error; check the disk",
+    errno.ENXIO: "the path names a device or FIFO that is not available; name a regular file",
+    errno.EMFILE: "too many open files; raise the limit (ulimit -n)",
+    errno.ENFILE: "too many open files on the system",
+}
+DEFAULT_HINT = "check the path"
+
+
+def errno_text(e: OSError) -> str:
+    """'Not a directory (ENOTDIR)': the errno's meaning and its name."""
+    if not e.errno:
+        return str(e)
+    name = errno.errorcode.get(e.errno)
+    text = e.strerror or os.strerror(e.errno)
+    return f"{text} ({name})" if name else text
+
+
+def errno_name(e: BaseException) -> str:
+    """'ENOSPC', or the exception's class name when it carries no errno."""
+    code = getattr(e, "errno", None)
+    return errno.errorcode.get(code, f"errno {code}") if code else type(e).__name__
+
+
+def file_kind(mode: int) -> str:
+    """'a directory', 'a FIFO', ...: what a non-regular file is, for a message."""
+    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symbolic link"),
+                       (stat.S_ISREG, "a regular file")):
+        if test(mode):
+            return kind
+    return f"a file of mode {mode:o}"
+
+
+def os_refusal(e: OSError, what: str, path, action: str = "open", cls=UserError,
+               hints: dict | None = None) -> UserError:
+    """The refusal for an OSError on `path`: '<what> <path> does not exist' for ENOENT (or 'is a
+    symbolic link to a missing file'), else '<what> <path>: cannot <action>: <meaning> (<ENAME>)'."""
+    path = os.fspath(path)
+    hint = (hints or {}).get(e.errno) or HINTS.get(e.errno, DEFAULT_HINT)
+    if e.errno == errno.ENOENT and action in ("open", "read", "stat"):
+        with contextlib.suppress(OSError):
+            if os.path.islink(path):
+                return cls(f"{what} {path} is a symbolic link to a missing file "
+                           f"({os.readlink(path)})", "fix or remove the link")
+        return cls(f"{what} {path} does not exist", hint)
+    return cls(f"{what} {path}: cannot {action}: {errno_text(e)}", hint)
+
+
+@contextlib.contextmanager
+def refusing(what: str, path, action: str, cls=UserError, hints: dict | None = None):
+    """Turn an OSError inside the block into the refusal for `path`."""
+    try:
+        yield
+    except OSError as e:
+        raise os_refusal(e, what, path, action, cls, hints) from None
+
+
+def not_regular(what: str, path, mode: int, cls=UserError, hint: str | None = None) -> UserError:
+    return cls(f"{what} {os.fspath(path)} is {file_kind(mode)}, not a regular file",
+               hint or f"name a {what} file")
+
+
+def open_regular(path, what: str, cls=UserError, hints: dict | None = None,
+                 flags: int = os.O_RDONLY) -> tuple[int, os.stat_result]:
+    """(fd, fstat) of `path` opened without blocking; anything but a regular file is refused.
+    `hints` maps errnos (and "not regular") to hints that say more than the defaults."""
+    try:
+        fd = os.open(path, flags | _OPEN_FLAGS)
+    except OSError as e:
+        raise os_refusal(e, what, path, "open", cls, hints) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise not_regular(what, path, st.st_mode, cls, (hints or {}).get("not regular"))
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+def read_regular(path, what: str, cls=UserError, hints: dict | None = None) -> bytes:
+    """The whole content of a regular file, every failure refused."""
+    fd, st = open_regular(path, what, cls, hints)
+    with refusing(what, path, "read", cls, hints), open(fd, "rb", closefd=True) as f:
+        return f.read()
+
+
+def stat_path(path, what: str, cls=UserError, hints: dict | None = None) -> os.stat_result:
+    """os.stat (following links) with every failure refused."""
+    try:
+        return os.stat(path)
+    except OSError as e:
+        raise os_refusal(e, what, path, "stat", cls, hints) from None
+
+
+def check_output(path, what: str, *, overwrite: bool, exists_hint: str | None, cls=UserError,
+                 parents: bool = False) -> None:
+    """Refuse, before any work, an output path that cannot become a regular file: one that exists
+    (unless `overwrite`) or is not a regular file (a directory, FIFO, device: never replaced),
+    a dangling symbolic link, a path through a file, a loop, a name too long, or (unless the
+    writer creates `parents`) a missing directory."""
+    path = os.fspath(path)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        if os.path.islink(path):
+            raise cls(f"{what} {path} is a symbolic link to a missing file "
+                      f"({os.readlink(path)})", "remove the link or name another path") from None
+        if parents:
+            return
+        directory = os.path.dirname(os.path.abspath(path))
+        try:
+            dst = os.stat(directory)
+        except OSError as e:
+            if e.errno == errno.ENOENT:
+                raise cls(f"{what} {path}: its directory {directory} does not exist",
+                          "create the directory first, or name another path") from None
+            raise os_refusal(e, what, path, "create", cls) from None
+        if not stat.S_ISDIR(dst.st_mode):
+            raise cls(f"{what} {path}: {directory} is {file_kind(dst.st_mode)}, not a directory",
+                      HINTS[errno.ENOTDIR])
+        return
+    except OSError as e:
+        raise os_refusal(e, what, path, "create", cls) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise cls(f"{what} {path} is {file_kind(st.st_mode)}, not a regular file; refusing to "
+                  "write to it", "name a new or regular file")
+    if not overwrite:
+        raise cls(f"{what} {path} exists", exists_hint)
