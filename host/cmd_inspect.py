@@ -10,10 +10,11 @@ import numpy as np
 
 from staging.records import INFO_NAMES
 
+from .levels import WINDOW, RunLevels
 from .tokenizer import DEFAULT_TOKENIZER as TOKENIZER
 
 ORDER = 20
-LAST_N = 100                     # "mean of the last 100 steps" in the loss summary
+LAST_N = WINDOW                  # the loss summary's "mean of the last N steps": the floor's window
 SPARK = "▁▂▃▄▅▆▇█"
 SPARK_WIDTH = 60
 
@@ -44,7 +45,7 @@ def run(args) -> int:
     stream = stream_used(rf, args.stream)
     if args.plot:
         from .plot import plot
-        plot(rf, args.plot, floor=loss_floor(rf.profile) if stream["embedded"] else None)
+        plot(rf, args.plot, levels=run_levels(rf, stream))
     info = summarize(rf, stream)
     if args.json:
         json.dump(info, sys.stdout, allow_nan=False, separators=(",", ":"))
@@ -84,13 +85,33 @@ def stream_used(rf, choice: str = "auto") -> dict:
             "(--stream embedded if the run used it)", "path": None}
 
 
-def loss_floor(profile):
-    """The embedded stream's loss floor, or None when that module or value is unavailable."""
-    try:
-        from staging.synthetic import loss_floor as floor
-        return float(floor(profile))
-    except Exception:
+def run_levels(rf, stream: dict):
+    """The embedded stream's floor and no-copy level of each step's context (host.levels), or None
+    for a run not known to be on it.  The result file records c0 (status block): step s trained on
+    context c0 + s."""
+    if not stream["embedded"]:
         return None
+    return RunLevels.of_run(rf.profile, int(rf.status["c0"]), rf.steps)
+
+
+def floor_summary(rf, levels) -> dict | None:
+    """The last window's means (host.levels.Window) with the copy-block loss (the mean loss of the
+    window's copy-content rows: under 0.5 once copying is learned, docs/STREAM.md) and the stream's
+    expected floor and no-copy level; None when no floor is known."""
+    from staging import synthetic
+    if levels is None:
+        return None
+    w = levels.window(rf.step_losses())
+    out = {"window": WINDOW, "stream_floor": synthetic.loss_floor(rf.profile),
+           "stream_no_copy": synthetic.no_copy_level(rf.profile)}
+    if w is None:
+        return {**out, "first_step": None, "steps": 0, "mean_loss": None, "mean_floor": None,
+                "loss_minus_floor": None, "no_copy": None, "copy_block_loss": None}
+    copy = synthetic.copy_rows(rf.profile, levels.c0 + np.arange(w.first, w.first + w.steps))
+    rows = rf.losses[w.first:w.first + w.steps]                            # (steps, T) f32
+    copy_loss = rows[copy].mean(dtype=np.float64) if copy.any() else None  # (steps, T) mask
+    return {**out, **w.as_dict(),
+            "copy_block_loss": None if copy_loss is None else _finite(copy_loss)}
 
 
 def _finite(x):
@@ -149,7 +170,7 @@ def summarize(rf, stream: dict | None = None) -> dict:
         "losses": [_finite(x) for x in losses],
         "loss_summary": loss_summary,
         "stream": stream,
-        "loss_floor": loss_floor(rf.profile) if stream["embedded"] else None,
+        "floor": floor_summary(rf, run_levels(rf, stream)),
         "publication_steps": rf.publication_steps().tolist(),
         "timing": {
             "updates_timed": int(dev.size),
@@ -245,13 +266,22 @@ def render(info: dict, rf) -> None:
 
     ls = info["loss_summary"]
     t = Table(title="loss (mean cross-entropy per step)", title_justify="left")
-    for col in ("first", "last", "min (step)", f"mean last {LAST_N}", "embedded floor",
-                "non-finite"):
+    for col in ("first", "last", "min (step)", f"mean last {LAST_N}", "non-finite"):
         t.add_column(col, justify="right")
     t.add_row(_f(ls["first"]), _f(ls["last"]),
               "—" if ls["min"] is None else f"{ls['min']:.4f} ({ls['min_step']:,})",
-              _f(ls[f"mean_last_{LAST_N}"]), _f(info["loss_floor"]), str(ls["non_finite_steps"]))
+              _f(ls[f"mean_last_{LAST_N}"]), str(ls["non_finite_steps"]))
     c.print(t)
+    fl = info["floor"]
+    if fl is not None and fl["steps"]:
+        t = Table(title=f"against the embedded stream's floor, steps {fl['first_step']:,}–"
+                  f"{fl['first_step'] + fl['steps'] - 1:,} (the last {fl['steps']:,}; per context)",
+                  title_justify="left")
+        for col in ("mean loss", "mean floor", "loss − floor", "no-copy level", "copy-block loss"):
+            t.add_column(col, justify="right")
+        t.add_row(_f(fl["mean_loss"]), _f(fl["mean_floor"]), _f(fl["loss_minus_floor"], "+.4f"),
+                  _f(fl["no_copy"]), _f(fl["copy_block_loss"]))
+        c.print(t)
     if info["losses"]:
         c.print(f"curve  {sparkline(rf.step_losses())}")
     s = info["stream"]

@@ -3,8 +3,10 @@ checkpoint publications and the run's end marked.
 
 Everything drawn comes from the result file: the step windows (loss), the timestamp table (device
 time per update = final release − pre-launch release; host gap = previous fence → this issue), the
-status block (outcome, publications) and the error notifier (why it stopped).  The floor line is
-the embedded stream's, drawn only when the caller says the run trained on it.
+status block (outcome, publications) and the error notifier (why it stopped).  On the embedded
+stream (the caller says so by passing its `host.levels.RunLevels`) the loss panel also draws each
+step's context floor (thin), its running mean over the same window as the loss's, and the running
+no-copy level: a loss resting on that line has learned the chain but not the copy blocks.
 """
 from __future__ import annotations
 
@@ -14,14 +16,17 @@ from staging import paths
 from staging import records as R
 
 from .errors import UserError
+from .levels import WINDOW, trailing_mean
 
-SMOOTH_STEPS = 50        # running-mean window drawn over the raw per-step loss of long runs
+SMOOTH_STEPS = WINDOW    # running-mean window of loss, floor and no-copy (as progress and inspect)
 FIGSIZE = (12.0, 9.0)    # inches; at DPI this is the PNG's size in pixels
 DPI = 110
 MAX_LABELLED_PUBLICATIONS = 12   # more than this: lines only, no update-count labels
 GAP_LOG_RATIO = 20.0     # host gap axis goes logarithmic when max/median exceeds this
 PUBLICATION_COLOUR = "tab:purple"
 STOP_COLOUR = "tab:red"
+FLOOR_COLOUR = "darkslategray"   # not a neutral grey: antialiased black text makes those
+NO_COPY_COLOUR = "tab:brown"
 
 
 class PlotUnavailable(UserError):
@@ -40,18 +45,19 @@ def _matplotlib():
     return Figure, MaxNLocator
 
 
-def plot(rf, path, floor=None) -> None:
-    """Write `figure(rf, floor)` to `path` as a PNG of FIGSIZE × DPI pixels."""
-    fig = figure(rf, floor)
+def plot(rf, path, levels=None) -> None:
+    """Write `figure(rf, levels)` to `path` as a PNG of FIGSIZE × DPI pixels."""
+    fig = figure(rf, levels)
     try:
         fig.savefig(path, dpi=DPI)
     except OSError as e:
         raise paths.os_refusal(e, "plot", path, "write", PlotUnavailable) from None
 
 
-def figure(rf, floor=None):
+def figure(rf, levels=None):
     """The three panels (loss, device time per update, host gap) sharing one step axis.
-    `floor`: None, a number, or (steps,) per-step values: the embedded stream's floor."""
+    `levels`: the embedded stream's per-step floor and no-copy level (host.levels.RunLevels of at
+    least the file's steps), or None for a run not known to be on it."""
     Figure, MaxNLocator = _matplotlib()
     fig = Figure(figsize=FIGSIZE)
     ax_loss, ax_dev, ax_gap = fig.subplots(3, 1, sharex=True, height_ratios=(2.2, 1, 1))
@@ -60,7 +66,7 @@ def figure(rf, floor=None):
     fig.suptitle(f"{rf.path}\nprofile {rf.profile.name}, backend "
                  f"{R.BACKENDS.get(int(st['backend']), '?')}, {rf.outcome}: "
                  f"{rf.steps:,}/{planned:,} steps from update {c0:,}", fontsize=11)
-    _loss_panel(ax_loss, rf, floor)
+    _loss_panel(ax_loss, rf, levels)
     _device_panel(ax_dev, rf)
     _gap_panel(ax_gap, rf)
     for ax in (ax_loss, ax_dev, ax_gap):
@@ -79,7 +85,7 @@ def _empty(ax, text):
     ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="0.4")
 
 
-def _loss_panel(ax, rf, floor):
+def _loss_panel(ax, rf, levels):
     losses = rf.step_losses()                                # (steps,)
     steps = np.arange(losses.size)
     ax.set_title("loss (mean cross-entropy over the step's 1024 rows)", fontsize=10, loc="left")
@@ -93,21 +99,29 @@ def _loss_panel(ax, rf, floor):
             alpha=0.35 if smooth else 1.0, marker=None if smooth else "o", ms=3,
             label="loss per step")
     if smooth:
-        k = np.ones(SMOOTH_STEPS) / SMOOTH_STEPS
-        ax.plot(steps[SMOOTH_STEPS - 1:], np.convolve(losses, k, "valid"), lw=1.6,
-                color="tab:blue", label=f"mean of {SMOOTH_STEPS} steps")
-    if floor is not None:
-        per_step = np.broadcast_to(np.asarray(floor, np.float64), losses.shape)
-        if np.all(per_step == per_step[0]):
-            ax.axhline(per_step[0], color="tab:red", ls="--", lw=1.2,
-                       label=f"embedded stream floor {per_step[0]:.4f}")
-        else:
-            ax.plot(steps, per_step, color="tab:red", ls="--", lw=1.2,
-                    label="embedded stream floor (per context)")
+        ax.plot(steps, trailing_mean(losses, SMOOTH_STEPS), lw=1.6, color="tab:blue",
+                label=f"loss, mean of the last {SMOOTH_STEPS} steps")
+    if levels is not None:
+        _floor_lines(ax, levels, losses.size)
     bad = np.flatnonzero(~np.isfinite(losses))
     if bad.size:       # non-finite steps break the line: mark them on the top edge
         ax.plot(bad, np.ones(bad.size), "x", color=STOP_COLOUR, ms=7,
                 transform=ax.get_xaxis_transform(), label=f"non-finite loss ({bad.size})")
+
+
+def _floor_lines(ax, levels, done):
+    """Each step's context floor (thin), its running mean and the running no-copy level, over
+    the `done` steps the file holds; the legend gives the last window's values."""
+    steps = np.arange(done)
+    floor, no_copy = levels.floor[:done], levels.no_copy[:done]           # (done,) each
+    floor_mean = trailing_mean(floor, SMOOTH_STEPS)
+    no_copy_mean = trailing_mean(no_copy, SMOOTH_STEPS)
+    ax.plot(steps, floor, color=FLOOR_COLOUR, lw=0.5, alpha=0.4,
+            label="floor of each step's context")
+    ax.plot(steps, floor_mean, color=FLOOR_COLOUR, ls="--", lw=1.3,
+            label=f"floor, mean of the last {SMOOTH_STEPS} steps: {floor_mean[-1]:.4f}")
+    ax.plot(steps, no_copy_mean, color=NO_COPY_COLOUR, lw=1.3,
+            label=f"no-copy level (chain learned, copying not): {no_copy_mean[-1]:.4f}")
 
 
 def _device_panel(ax, rf):

@@ -11,6 +11,7 @@ import pytest
 
 from host import cli, ptx
 from host import cmd_inspect as I
+from host import levels as LV
 from host import result_file as RF
 from plan import profiles as P
 from staging import records as R
@@ -35,6 +36,10 @@ def _file(tmp_path, profile=TINY, name=None, **kw):
     path = tmp_path / (name or f"{profile.name}-{kw.get('outcome', 0)}-{kw.get('steps')}.bin")
     synthesize(profile, **kw).write(path, overwrite=True)
     return RF.read(path)
+
+
+def _levels(rf):
+    return LV.RunLevels.of_run(rf.profile, int(rf.status["c0"]), rf.steps)
 
 
 def _lines(ax):
@@ -72,8 +77,9 @@ def _pixels_of(img, box, colour) -> int:
 
 @pytest.mark.parametrize("outcome", sorted(R.OUTCOMES))
 def test_panels_hold_the_files_series_and_marks(tmp_path, outcome):
-    rf = _file(tmp_path, outcome=outcome, seed=outcome + 3)
-    fig = PL.figure(rf, floor=0.6568)
+    rf = _file(tmp_path, outcome=outcome, seed=outcome + 3, c0=100 * outcome)
+    levels = _levels(rf)
+    fig = PL.figure(rf, levels)
     ax_loss, ax_dev, ax_gap = fig.axes
     assert ax_dev.get_shared_x_axes().joined(ax_loss, ax_gap)
     (loss,) = [ln for ln in _lines(ax_loss) if ln.get_label() == "loss per step"]
@@ -89,7 +95,18 @@ def test_panels_hold_the_files_series_and_marks(tmp_path, outcome):
     ts = rf.timestamps
     k = int(np.flatnonzero(ts["submission"] == 1)[0])
     assert gap_ns[0] == int(ts["host_issue_ns"][k]) - int(ts["host_fence_ns"][k - 1])
-    assert [ln.get_ydata()[0] for ln in ax_loss.get_lines() if ln.get_linestyle() == "--"] == [0.6568]
+    # the floor of each step's context c0 + s (thin), its running mean (dashed), the no-copy level
+    floor = synthetic.context_floor(rf.profile, int(rf.status["c0"]) + np.arange(rf.steps))
+    by_label = {ln.get_label().split(":")[0]: ln for ln in _lines(ax_loss)}
+    if rf.steps > 1:
+        np.testing.assert_array_equal(by_label["floor of each step's context"].get_ydata(), floor)
+        dashed = by_label[f"floor, mean of the last {PL.SMOOTH_STEPS} steps"]
+        assert dashed.get_linestyle() == "--"
+        np.testing.assert_allclose(dashed.get_ydata(),
+                                   [floor[:i + 1].mean() for i in range(rf.steps)], atol=1e-12)
+        no_copy = by_label["no-copy level (chain learned, copying not)"].get_ydata()
+        np.testing.assert_allclose(no_copy, LV.trailing_mean(levels.no_copy), atol=1e-12)
+        assert (no_copy > dashed.get_ydata()).all()
     want_pubs = [s + 0.5 for s in rf.publication_steps()]
     for ax in fig.axes:
         assert _vlines(ax, PL.PUBLICATION_COLOUR) == want_pubs
@@ -130,7 +147,7 @@ def test_publications_follow_the_interval_and_the_interruption():
                                                    (PROD, R.OUTCOME_INTERRUPTED, 2345)])
 def test_png_shows_every_series_in_its_own_panel(tmp_path, profile, outcome, steps):
     rf = _file(tmp_path, profile, outcome=outcome, steps=steps, seed=11)
-    fig = PL.figure(rf, floor=0.6568)
+    fig = PL.figure(rf, _levels(rf))
     img, boxes = _render(fig, tmp_path / "p.png")
     w, h = PL.FIGSIZE
     assert img.shape == (round(h * PL.DPI), round(w * PL.DPI), 4)
@@ -143,8 +160,11 @@ def test_png_shows_every_series_in_its_own_panel(tmp_path, profile, outcome, ste
                 assert _pixels_of(img, box, oc) < MIN_SERIES_PIXELS, (other, "in", name)
         assert _pixels_of(img, box, PL.STOP_COLOUR) >= MIN_SERIES_PIXELS, f"no stop in {name}"
         assert _pixels_of(img, box, PL.PUBLICATION_COLOUR) > 0, f"no publication in {name}"
-    # the floor's dashed red line is in the loss panel only
-    assert _pixels_of(img, boxes[0], "tab:red") > _pixels_of(img, boxes[1], "tab:red")
+    # the floor and the no-copy level are drawn, in the loss panel only
+    for colour in (PL.FLOOR_COLOUR, PL.NO_COPY_COLOUR):
+        assert _pixels_of(img, boxes[0], colour) >= MIN_SERIES_PIXELS, colour
+        for box in boxes[1:]:
+            assert _pixels_of(img, box, colour) < MIN_SERIES_PIXELS, colour
 
 
 def test_a_run_without_steps_says_so_and_draws_no_series(tmp_path):
@@ -201,16 +221,16 @@ def _json(capsys, *argv):
 def test_stream_auto_detects_the_default_layout_only(tmp_path, capsys):
     result = _default_layout(tmp_path)
     info = _json(capsys, str(result))
-    assert info["stream"]["embedded"] and info["loss_floor"] == pytest.approx(
-        synthetic.loss_floor(TINY))
+    assert info["stream"]["embedded"] and info["floor"]["mean_floor"] == pytest.approx(
+        synthetic.context_floor(TINY, np.arange(TINY.steps)).mean())
     assert info["publication_steps"] == [3, 7]
     assert not _json(capsys, str(result), "--stream", "none")["stream"]["embedded"]
     renamed = result.with_name("mine.bin")
     result.rename(renamed)                         # a named result: auto cannot tell
     info = _json(capsys, str(renamed))
-    assert not info["stream"]["embedded"] and info["loss_floor"] is None
+    assert not info["stream"]["embedded"] and info["floor"] is None
     assert "--stream embedded" in info["stream"]["basis"]
-    assert _json(capsys, str(renamed), "--stream", "embedded")["loss_floor"] is not None
+    assert _json(capsys, str(renamed), "--stream", "embedded")["floor"] is not None
     renamed.rename(result)                         # a stream file of another size is not it
     stream = result.parent / f"tiny{synthetic.STREAM_SUFFIX}"
     os.truncate(stream, 4096)
@@ -221,7 +241,7 @@ def test_inspect_plot_draws_the_floor_of_the_embedded_stream_only(tmp_path, caps
     result = _default_layout(tmp_path)
     drawn = []
     real = PL.figure
-    monkeypatch.setattr(PL, "figure", lambda rf, floor=None: drawn.append(floor) or real(rf, floor))
+    monkeypatch.setattr(PL, "figure", lambda rf, levels=None: drawn.append(levels) or real(rf, levels))
     png = tmp_path / "p.png"
     assert cli.main(["inspect", str(result), "--plot", str(png)]) == 0
     out = capsys.readouterr().out
@@ -231,7 +251,8 @@ def test_inspect_plot_draws_the_floor_of_the_embedded_stream_only(tmp_path, caps
     assert mimage.imread(png).shape[:2] == (round(PL.FIGSIZE[1] * PL.DPI),
                                              round(PL.FIGSIZE[0] * PL.DPI))
     assert cli.main(["inspect", str(result), "--plot", str(png), "--stream", "none"]) == 0
-    assert drawn == [pytest.approx(synthetic.loss_floor(TINY)), None]
+    assert drawn[1] is None and drawn[0].c0 == 0
+    np.testing.assert_array_equal(drawn[0].floor, synthetic.context_floor(TINY, np.arange(8)))
 
 
 # ---- the publication rule against the run loop itself (fake driver) ----------------------------
