@@ -67,7 +67,7 @@ def _floor_caption(levels) -> str:
 
 def _field_column(text_of):
     """A rich column showing `text_of(task)`, computed when the bar refreshes (rich's own thread,
-    4 times a second), not when a step completes: the step path only appends its loss."""
+    4 times a second), not when a step completes."""
     from rich.progress import ProgressColumn
     from rich.text import Text
 
@@ -76,6 +76,21 @@ def _field_column(text_of):
             return Text(text_of(task))
 
     return FieldColumn()
+
+
+def _bar_with_line(line_of, *columns, **kw):
+    """A rich Progress whose bar has the line `line_of()` under it, computed when the bar
+    refreshes (rich's thread), never on the step path; on its own line it fits 80 columns
+    (the bar's row is full with the step, rate, times and publications)."""
+    from rich.progress import Progress
+    from rich.text import Text
+
+    class BarWithLine(Progress):
+        def get_renderables(self):             # rich's documented hook for a custom layout
+            yield self.make_tasks_table(self.tasks)
+            yield Text(line_of(), no_wrap=True, overflow="ellipsis")
+
+    return BarWithLine(*columns, **kw)
 
 
 class RichProgress:
@@ -89,8 +104,8 @@ class RichProgress:
         self.bar = None
 
     def start(self, summary, levels, tokens_per_step):
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                                   TimeElapsedColumn, TimeRemainingColumn)
+        from rich.progress import (BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn,
+                                   TimeRemainingColumn)
         self.summary, self.levels, self.tokens_per_step = summary, levels, tokens_per_step
         self.t0 = time.monotonic()
         self.console.print(f"[bold]coppelius run[/bold]: c0={summary.c0}, "
@@ -98,12 +113,11 @@ class RichProgress:
                            f"result {summary.result}" + _floor_caption(levels), soft_wrap=True)
         if self.quiet:
             return
-        self.bar = Progress(TextColumn("step"), MofNCompleteColumn(), BarColumn(),
-                            _field_column(lambda task: self.loss_field()),
-                            _field_column(lambda task: self.rate_field(task.completed)),
-                            TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(),
-                            TextColumn("{task.fields[pubs]}"), console=self.console,
-                            refresh_per_second=4, transient=False)
+        self.bar = _bar_with_line(self.loss_field, TextColumn("step"), MofNCompleteColumn(),
+                                  BarColumn(), _field_column(lambda t: self.rate_field(t.completed)),
+                                  TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(),
+                                  TextColumn("{task.fields[pubs]}"), console=self.console,
+                                  refresh_per_second=4, transient=False)
         self.bar.start()
         self.task = self.bar.add_task("train", total=summary.steps_planned, pubs="0 published")
 
@@ -115,7 +129,7 @@ class RichProgress:
         return f"{completed * self.tokens_per_step / max(elapsed, 1e-9):,.0f} tok/s" if completed else ""
 
     def step(self, step, loss):
-        # the run loop has appended `loss` to summary.losses: the columns read it when they render
+        # the run loop has appended `loss` to summary.losses: the line reads it when it renders
         if self.bar is not None:
             self.bar.update(self.task, completed=step + 1)
 

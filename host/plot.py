@@ -100,9 +100,13 @@ def _loss_panel(ax, rf, levels):
             label="loss per step")
     if smooth:
         ax.plot(steps, trailing_mean(losses, SMOOTH_STEPS), lw=1.6, color="tab:blue",
-                label=f"loss, mean of the last {SMOOTH_STEPS} steps")
+                label=f"loss, mean of the last ≤ {SMOOTH_STEPS} steps")
     if levels is not None:
         _floor_lines(ax, levels, losses.size)
+        w = levels.window(losses, SMOOTH_STEPS)
+        ax.set_title(f"loss (mean cross-entropy over the step's 1024 rows); the last {w.steps} "
+                     f"steps: {w.loss:.4f}, {w.over_floor:+.4f} over their floor {w.floor:.4f}, "
+                     f"no-copy level {w.no_copy:.4f}", fontsize=10, loc="left")
     bad = np.flatnonzero(~np.isfinite(losses))
     if bad.size:       # non-finite steps break the line: mark them on the top edge
         ax.plot(bad, np.ones(bad.size), "x", color=STOP_COLOUR, ms=7,
@@ -116,12 +120,12 @@ def _floor_lines(ax, levels, done):
     floor, no_copy = levels.floor[:done], levels.no_copy[:done]           # (done,) each
     floor_mean = trailing_mean(floor, SMOOTH_STEPS)
     no_copy_mean = trailing_mean(no_copy, SMOOTH_STEPS)
-    ax.plot(steps, floor, color=FLOOR_COLOUR, lw=0.5, alpha=0.4,
+    ax.plot(steps, floor, color=FLOOR_COLOUR, lw=0.6, alpha=0.55,
             label="floor of each step's context")
     ax.plot(steps, floor_mean, color=FLOOR_COLOUR, ls="--", lw=1.3,
-            label=f"floor, mean of the last {SMOOTH_STEPS} steps: {floor_mean[-1]:.4f}")
+            label=f"floor, mean of the last ≤ {SMOOTH_STEPS} steps: {floor_mean[-1]:.4f}")
     ax.plot(steps, no_copy_mean, color=NO_COPY_COLOUR, lw=1.3,
-            label=f"no-copy level (chain learned, copying not): {no_copy_mean[-1]:.4f}")
+            label=f"no-copy level (chain learned, copying not), same mean: {no_copy_mean[-1]:.4f}")
 
 
 def _device_panel(ax, rf):

@@ -190,3 +190,27 @@ def test_the_run_passes_the_embedded_streams_levels_and_none_for_tokens(tmp_path
                 result=tmp_path / "b.bin", backend="cuda"), cap)
     assert cap.levels == [None] and not any("floor" in t for t in cap.texts)
     assert math.isfinite(float(cap.texts[-1].split()[1]))
+
+
+def test_the_rich_bar_renders_the_window_from_the_runs_losses():
+    """The bar's loss column is computed when it renders, from summary.losses: its last frame
+    shows the whole run's window."""
+    import io
+
+    from rich.console import Console
+
+    from host.cmd_run import RichProgress
+    from host.run import Summary
+    lv = LV.RunLevels.of_run(TINY, 0, TINY.steps)
+    summary = Summary(steps_planned=TINY.steps)
+    prog = RichProgress()
+    out = io.StringIO()
+    prog.console = Console(file=out, width=300, force_terminal=False)
+    prog.start(summary, lv, TINY.context)
+    for s in range(TINY.steps):
+        summary.losses.append(float(lv.floor[s]) + 0.5)
+        prog.step(s, summary.losses[-1])
+    prog.stop()
+    text = out.getvalue()
+    assert f"floor {lv.floor.mean():.4f} nats/token over this run's contexts" in text
+    assert loss_text(summary.losses, lv) in text and "+0.5000 over floor" in text

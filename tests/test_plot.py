@@ -100,13 +100,15 @@ def test_panels_hold_the_files_series_and_marks(tmp_path, outcome):
     by_label = {ln.get_label().split(":")[0]: ln for ln in _lines(ax_loss)}
     if rf.steps > 1:
         np.testing.assert_array_equal(by_label["floor of each step's context"].get_ydata(), floor)
-        dashed = by_label[f"floor, mean of the last {PL.SMOOTH_STEPS} steps"]
+        dashed = by_label[f"floor, mean of the last ≤ {PL.SMOOTH_STEPS} steps"]
         assert dashed.get_linestyle() == "--"
         np.testing.assert_allclose(dashed.get_ydata(),
                                    [floor[:i + 1].mean() for i in range(rf.steps)], atol=1e-12)
-        no_copy = by_label["no-copy level (chain learned, copying not)"].get_ydata()
+        no_copy = by_label["no-copy level (chain learned, copying not), same mean"].get_ydata()
         np.testing.assert_allclose(no_copy, LV.trailing_mean(levels.no_copy), atol=1e-12)
         assert (no_copy > dashed.get_ydata()).all()
+        w = levels.window(rf.step_losses())
+        assert f"{w.over_floor:+.4f} over their floor {w.floor:.4f}" in ax_loss.get_title("left")
     want_pubs = [s + 0.5 for s in rf.publication_steps()]
     for ax in fig.axes:
         assert _vlines(ax, PL.PUBLICATION_COLOUR) == want_pubs
