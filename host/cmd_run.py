@@ -57,12 +57,13 @@ def loss_text(losses, levels, window: int = WINDOW) -> str:
 
 
 def _floor_caption(levels) -> str:
-    """The start line's note on the floor: this run's mean over its contexts, and the no-copy level."""
+    """The start line's note on the floor: this run's mean over its contexts, the no-copy level."""
     if levels is None or not levels.steps:
         return ""
     return (f"; embedded stream: floor {levels.floor.mean():.4f} nats/token over this run's "
             f"contexts ({levels.floor.min():.2f}–{levels.floor.max():.2f} per context), no-copy "
-            f"{levels.no_copy.mean():.4f}; shown: the last {WINDOW} steps' mean against their floor")
+            f"{levels.no_copy.mean():.4f}; shown: the last {WINDOW} steps' mean against their "
+            "floor")
 
 
 def _field_column(text_of):
@@ -113,8 +114,9 @@ class RichProgress:
                            f"result {summary.result}" + _floor_caption(levels), soft_wrap=True)
         if self.quiet:
             return
+        rate = _field_column(lambda task: self.rate_field(task.completed))
         self.bar = _bar_with_line(self.loss_field, TextColumn("step"), MofNCompleteColumn(),
-                                  BarColumn(), _field_column(lambda t: self.rate_field(t.completed)),
+                                  BarColumn(), rate,
                                   TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(),
                                   TextColumn("{task.fields[pubs]}"), console=self.console,
                                   refresh_per_second=4, transient=False)
@@ -126,7 +128,9 @@ class RichProgress:
 
     def rate_field(self, completed) -> str:
         elapsed = time.monotonic() - self.t0
-        return f"{completed * self.tokens_per_step / max(elapsed, 1e-9):,.0f} tok/s" if completed else ""
+        if not completed:
+            return ""
+        return f"{completed * self.tokens_per_step / max(elapsed, 1e-9):,.0f} tok/s"
 
     def step(self, step, loss):
         # the run loop has appended `loss` to summary.losses: the line reads it when it renders

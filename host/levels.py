@@ -28,7 +28,7 @@ class Window:
 
     @property
     def over_floor(self) -> float:
-        """Mean of loss − floor over the window (= loss − floor: both are means of the same steps)."""
+        """Mean of loss − floor over the window (= loss − floor: means over the same steps)."""
         return self.loss - self.floor
 
     def as_dict(self) -> dict:
@@ -75,8 +75,8 @@ class RunLevels:
 
 
 def trailing_mean(values, window: int = WINDOW) -> np.ndarray:
-    """(n,) f64: at step i, the mean of values[max(0, i - window + 1) .. i] (fewer steps at the start,
-    so the curve begins at step 0); a non-finite value spoils only the windows that hold it."""
+    """(n,) f64: at step i, the mean of values[max(0, i - window + 1) .. i] (fewer steps at the
+    start, so the curve begins at step 0); a non-finite value spoils only the windows holding it."""
     v = np.asarray(values, np.float64)                                      # (n,)
     if v.size == 0:
         return v.copy()

@@ -243,7 +243,8 @@ def test_inspect_plot_draws_the_floor_of_the_embedded_stream_only(tmp_path, caps
     result = _default_layout(tmp_path)
     drawn = []
     real = PL.figure
-    monkeypatch.setattr(PL, "figure", lambda rf, levels=None: drawn.append(levels) or real(rf, levels))
+    monkeypatch.setattr(PL, "figure",
+                        lambda rf, levels=None: drawn.append(levels) or real(rf, levels))
     png = tmp_path / "p.png"
     assert cli.main(["inspect", str(result), "--plot", str(png)]) == 0
     out = capsys.readouterr().out
