@@ -1,28 +1,47 @@
-# make run: train the embedded default (creates .venv with the runtime dependencies)
+# make run:  train the embedded default (creates .venv with the runtime dependencies)
 # make test: create .venv with the test extra and run the whole test suite
+# make demo: the CPU path: .venv with the demo extra (Triton, torch CPU, matplotlib), the tiny
+#            profile on the interpret backend, then `inspect --plot` and `verify`
 PYTHON ?= python3
+PIP_ARGS ?=                     # passed to every pip install (e.g. an index of CPU-only torch wheels)
 VENV := .venv
 BIN := $(VENV)/bin
+DEMO := coppelius-demo
+DEMO_RESULT := $(DEMO)/tiny-result-c0.bin
+DEMO_PLOT := $(DEMO)/tiny.png
 
-.PHONY: run test clean
+.PHONY: run test demo clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
 $(VENV)/.runtime: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q -e .
+	$(BIN)/python -m pip install -q $(PIP_ARGS) -e .
 	touch $@
 
-$(VENV)/.dev: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q -e '.[dev]'
+$(VENV)/.demo: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q $(PIP_ARGS) -e '.[demo]'
 	touch $@ $(VENV)/.runtime
+
+$(VENV)/.dev: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q $(PIP_ARGS) -e '.[dev]'
+	touch $@ $(VENV)/.runtime $(VENV)/.demo
 
 run: $(VENV)/.runtime
 	$(BIN)/coppelius run $(ARGS)
 
 test: $(VENV)/.dev
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# a fresh start every time (an empty checkpoint file); the tiny stream stays cached in $(DEMO)/
+demo: $(VENV)/.demo
+	mkdir -p $(DEMO)
+	: > $(DEMO)/tiny.ckpt
+	$(BIN)/coppelius run --profile tiny --backend interpret --directory $(DEMO) --overwrite
+	$(BIN)/coppelius inspect $(DEMO_RESULT) --plot $(DEMO_PLOT)
+	$(BIN)/coppelius verify $(DEMO_RESULT) --directory $(DEMO) --steps 2
+	@echo "demo plot: $(abspath $(DEMO_PLOT))"
 
 clean:
 	rm -rf $(VENV) build *.egg-info

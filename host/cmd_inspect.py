@@ -4,15 +4,17 @@ from __future__ import annotations
 import json
 import math
 import sys
+from pathlib import Path
 
 import numpy as np
 
 from staging.records import INFO_NAMES
 
+from .levels import WINDOW, RunLevels
 from .tokenizer import DEFAULT_TOKENIZER as TOKENIZER
 
 ORDER = 20
-LAST_N = 100                     # "mean of the last 100 steps" in the loss summary
+LAST_N = WINDOW                  # the loss summary's "mean of the last N steps": the floor's window
 SPARK = "▁▂▃▄▅▆▇█"
 SPARK_WIDTH = 60
 
@@ -24,8 +26,12 @@ def register(sub) -> None:
     p.add_argument("result", metavar="RESULT", help="result file of any profile and outcome")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object instead (non-finite losses are null)")
-    p.add_argument("--plot", metavar="PNG", help="also write the loss curve and step-time "
-                   "histogram to PNG (needs matplotlib)")
+    p.add_argument("--plot", metavar="PNG", help="also write loss, device time and host gap per "
+                   "step, publications and the run's end marked, to PNG (needs matplotlib)")
+    p.add_argument("--stream", choices=STREAM_CHOICES, default="auto",
+                   help="did the run train on the embedded stream (its floor is shown)? auto "
+                   "(default): yes when the result has its default name beside the profile's "
+                   "embedded stream file, as `coppelius run` without --tokens leaves them")
     p.set_defaults(func=run)
 
 
@@ -36,10 +42,11 @@ def run(args) -> int:
     if args.plot:                # refuse a plot path that cannot be written before the work
         paths.check_output(args.plot, "plot", overwrite=True, exists_hint=None)
     rf = RF.read(args.result)
+    stream = stream_used(rf, args.stream)
     if args.plot:
         from .plot import plot
-        plot(rf, args.plot, floor=loss_floor(rf.profile))
-    info = summarize(rf)
+        plot(rf, args.plot, levels=run_levels(rf, stream))
+    info = summarize(rf, stream)
     if args.json:
         json.dump(info, sys.stdout, allow_nan=False, separators=(",", ":"))
         sys.stdout.write("\n")
@@ -51,13 +58,60 @@ def run(args) -> int:
 
 
 # ------------------------------------------------------------------------------------ summary
-def loss_floor(profile):
-    """The embedded stream's loss floor, or None when that module or value is unavailable."""
-    try:
-        from staging.synthetic import loss_floor as floor
-        return float(floor(profile))
-    except Exception:
+STREAM_CHOICES = ("auto", "embedded", "none")
+
+
+def stream_used(rf, choice: str = "auto") -> dict:
+    """Whether the run trained on the embedded stream, and on what inspect believes it.
+
+    The result file records no stream identity, and only `verify` (which recomputes the forward
+    logits from the tokens) can prove one.  `auto` takes the layout `coppelius run` leaves when it
+    trains on the embedded stream: the result under its default name `<profile>-result-c<c0>.bin`
+    in the directory holding `<profile>-stream.tokens` of the stream's exact size.  A named
+    --result (the fleet recipe) or a copied file needs `--stream embedded`."""
+    from staging import synthetic
+    if choice != "auto":
+        return {"embedded": choice == "embedded", "basis": f"--stream {choice}", "path": None}
+    here = Path(rf.path)
+    name = rf.profile.name
+    default_name = f"{name}-result-c{int(rf.status['c0'])}.bin"
+    stream = here.parent / f"{name}{synthetic.STREAM_SUFFIX}"
+    found = (here.name == default_name and stream.is_file()
+             and stream.stat().st_size == synthetic.stream_bytes(rf.profile))
+    if found:
+        return {"embedded": True, "basis": f"auto: default-named result beside {stream}",
+                "path": str(stream)}
+    return {"embedded": False, "basis": f"auto: no {default_name} beside {stream.name} "
+            "(--stream embedded if the run used it)", "path": None}
+
+
+def run_levels(rf, stream: dict):
+    """The embedded stream's floor and no-copy level of each step's context (host.levels), or None
+    for a run not known to be on it.  The result file records c0 (status block): step s trained on
+    context c0 + s."""
+    if not stream["embedded"]:
         return None
+    return RunLevels.of_run(rf.profile, int(rf.status["c0"]), rf.steps)
+
+
+def floor_summary(rf, levels) -> dict | None:
+    """The last window's means (host.levels.Window) with the copy-block loss (the mean loss of the
+    window's copy-content rows: under 0.5 once copying is learned, docs/STREAM.md) and the stream's
+    expected floor and no-copy level; None when no floor is known."""
+    from staging import synthetic
+    if levels is None:
+        return None
+    w = levels.window(rf.step_losses())
+    out = {"window": WINDOW, "stream_floor": synthetic.loss_floor(rf.profile),
+           "stream_no_copy": synthetic.no_copy_level(rf.profile)}
+    if w is None:
+        return {**out, "first_step": None, "steps": 0, "mean_loss": None, "mean_floor": None,
+                "loss_minus_floor": None, "no_copy": None, "copy_block_loss": None}
+    copy = synthetic.copy_rows(rf.profile, levels.c0 + np.arange(w.first, w.first + w.steps))
+    rows = rf.losses[w.first:w.first + w.steps]                            # (steps, T) f32
+    copy_loss = rows[copy].mean(dtype=np.float64) if copy.any() else None  # (steps, T) mask
+    return {**out, **w.as_dict(),
+            "copy_block_loss": None if copy_loss is None else _finite(copy_loss)}
 
 
 def _finite(x):
@@ -69,8 +123,8 @@ def _pct(values: np.ndarray, q: float):
     return float(np.percentile(values, q)) if values.size else None
 
 
-def summarize(rf) -> dict:
-    """Everything inspect shows, as JSON-ready values."""
+def summarize(rf, stream: dict | None = None) -> dict:
+    """Everything inspect shows, as JSON-ready values; `stream` from `stream_used`."""
     from staging import layout as L
     from staging import records as R
     from staging.result_sections import SECTIONS
@@ -92,6 +146,7 @@ def summarize(rf) -> dict:
         d = record_dict(slot)
         d["submission"] = L.SUBMISSIONS[i]
         sems.append(d)
+    stream = stream_used(rf) if stream is None else stream
     dev = rf.device_step_ns()
     gap = rf.host_gaps_ns()
     ts = rf.timestamps
@@ -114,7 +169,9 @@ def summarize(rf) -> dict:
         "steps_planned": status["steps_planned"], "issues": rf.issues,
         "losses": [_finite(x) for x in losses],
         "loss_summary": loss_summary,
-        "loss_floor": loss_floor(rf.profile),
+        "stream": stream,
+        "floor": floor_summary(rf, run_levels(rf, stream)),
+        "publication_steps": rf.publication_steps().tolist(),
         "timing": {
             "updates_timed": int(dev.size),
             "device_step_ms_p50": _ms(_pct(dev, 50)), "device_step_ms_p99": _ms(_pct(dev, 99)),
@@ -209,15 +266,32 @@ def render(info: dict, rf) -> None:
 
     ls = info["loss_summary"]
     t = Table(title="loss (mean cross-entropy per step)", title_justify="left")
-    for col in ("first", "last", "min (step)", f"mean last {LAST_N}", "embedded floor",
-                "non-finite"):
+    for col in ("first", "last", "min (step)", f"mean last {LAST_N}", "non-finite"):
         t.add_column(col, justify="right")
     t.add_row(_f(ls["first"]), _f(ls["last"]),
               "—" if ls["min"] is None else f"{ls['min']:.4f} ({ls['min_step']:,})",
-              _f(ls[f"mean_last_{LAST_N}"]), _f(info["loss_floor"]), str(ls["non_finite_steps"]))
+              _f(ls[f"mean_last_{LAST_N}"]), str(ls["non_finite_steps"]))
     c.print(t)
+    fl = info["floor"]
+    if fl is not None and fl["steps"]:
+        t = Table(title=f"against the embedded stream's floor, steps {fl['first_step']:,}–"
+                  f"{fl['first_step'] + fl['steps'] - 1:,} (the last {fl['steps']:,}; per context)",
+                  title_justify="left")
+        for col in ("mean loss", "mean floor", "loss − floor", "no-copy level", "copy-block loss"):
+            t.add_column(col, justify="right")
+        t.add_row(_f(fl["mean_loss"]), _f(fl["mean_floor"]), _f(fl["loss_minus_floor"], "+.4f"),
+                  _f(fl["no_copy"]), _f(fl["copy_block_loss"]))
+        c.print(t)
     if info["losses"]:
         c.print(f"curve  {sparkline(rf.step_losses())}")
+    s = info["stream"]
+    c.print(f"stream: {'the embedded stream' if s['embedded'] else 'not known to be the embedded stream'}"
+            f" ({s['basis']})")
+    pubs = [st["c0"] + k + 1 for k in info["publication_steps"]]   # update counts published
+    if pubs:
+        shown = ", ".join(f"{u:,}" for u in pubs[:12]) + (", …" if len(pubs) > 12 else "")
+        c.print(f"publications started at update {shown}: {st['publications']} of {len(pubs)} "
+                "completed")
 
     tm = info["timing"]
     t = Table(title="timing (timestamp table)", title_justify="left")

@@ -4,8 +4,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import numpy as np
+
 from staging.synthetic import DEFAULT_DIRECTORY
 
+from .levels import WINDOW
 from .ring import DEFAULT_FENCE_TIMEOUT_S
 
 ORDER = 10
@@ -39,8 +42,61 @@ def register(sub) -> None:
     p.set_defaults(func=run, handles_signals=True)    # host.run._Signals from the start
 
 
+def loss_text(losses, levels, window: int = WINDOW) -> str:
+    """The progress line's loss field: the mean loss of the last `window` steps and, on the
+    embedded stream (`levels`: host.levels.RunLevels), that window's mean floor, the mean of
+    loss − floor and the window's no-copy level (a window resting there: copying not learned)."""
+    if levels is None:
+        recent = np.asarray(losses[-window:], np.float64)    # (≤ window,): only the tail is read
+        return f"loss {recent.mean():.4f} (mean of {recent.size})" if recent.size else "loss —"
+    w = levels.window(losses, window)
+    if w is None:
+        return "loss —"
+    return (f"loss {w.loss:.4f} · floor {w.floor:.4f} (window {w.steps}) · "
+            f"{w.over_floor:+.4f} over floor · no-copy {w.no_copy:.4f}")
+
+
+def _floor_caption(levels) -> str:
+    """The start line's note on the floor: this run's mean over its contexts, the no-copy level."""
+    if levels is None or not levels.steps:
+        return ""
+    return (f"; embedded stream: floor {levels.floor.mean():.4f} nats/token over this run's "
+            f"contexts ({levels.floor.min():.2f}–{levels.floor.max():.2f} per context), no-copy "
+            f"{levels.no_copy.mean():.4f}; shown: the last {WINDOW} steps' mean against their "
+            "floor")
+
+
+def _field_column(text_of):
+    """A rich column showing `text_of(task)`, computed when the bar refreshes (rich's own thread,
+    4 times a second), not when a step completes."""
+    from rich.progress import ProgressColumn
+    from rich.text import Text
+
+    class FieldColumn(ProgressColumn):
+        def render(self, task):
+            return Text(text_of(task))
+
+    return FieldColumn()
+
+
+def _bar_with_line(line_of, *columns, **kw):
+    """A rich Progress whose bar has the line `line_of()` under it, computed when the bar
+    refreshes (rich's thread), never on the step path; on its own line it fits 80 columns
+    (the bar's row is full with the step, rate, times and publications)."""
+    from rich.progress import Progress
+    from rich.text import Text
+
+    class BarWithLine(Progress):
+        def get_renderables(self):             # rich's documented hook for a custom layout
+            yield self.make_tasks_table(self.tasks)
+            yield Text(line_of(), no_wrap=True, overflow="ellipsis")
+
+    return BarWithLine(*columns, **kw)
+
+
 class RichProgress:
-    """Step, loss vs floor, tokens/s, elapsed, remaining, publications — refreshed off the step path."""
+    """Step, window loss vs floor, tokens/s, elapsed, remaining, publications — refreshed off the
+    step path."""
 
     def __init__(self, quiet: bool = False):
         from rich.console import Console
@@ -48,34 +104,38 @@ class RichProgress:
         self.quiet = quiet
         self.bar = None
 
-    def start(self, summary, floor, tokens_per_step):
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                                   TimeElapsedColumn, TimeRemainingColumn)
-        self.summary, self.floor, self.tokens_per_step = summary, floor, tokens_per_step
+    def start(self, summary, levels, tokens_per_step):
+        from rich.progress import (BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn,
+                                   TimeRemainingColumn)
+        self.summary, self.levels, self.tokens_per_step = summary, levels, tokens_per_step
         self.t0 = time.monotonic()
         self.console.print(f"[bold]coppelius run[/bold]: c0={summary.c0}, "
                            f"{summary.steps_planned} steps, checkpoint {summary.checkpoint}, "
-                           f"result {summary.result}"
-                           + (f", loss floor {floor:.4f} nats/token" if floor is not None else ""),
-                           soft_wrap=True)
+                           f"result {summary.result}" + _floor_caption(levels), soft_wrap=True)
         if self.quiet:
             return
-        self.bar = Progress(TextColumn("step"), MofNCompleteColumn(), BarColumn(),
-                            TextColumn("{task.fields[loss]}"), TextColumn("{task.fields[rate]}"),
-                            TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(),
-                            TextColumn("{task.fields[pubs]}"), console=self.console,
-                            refresh_per_second=4, transient=False)
+        rate = _field_column(lambda task: self.rate_field(task.completed))
+        self.bar = _bar_with_line(self.loss_field, TextColumn("step"), MofNCompleteColumn(),
+                                  BarColumn(), rate,
+                                  TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(),
+                                  TextColumn("{task.fields[pubs]}"), console=self.console,
+                                  refresh_per_second=4, transient=False)
         self.bar.start()
-        self.task = self.bar.add_task("train", total=summary.steps_planned, loss="loss —",
-                                      rate="", pubs="0 published")
+        self.task = self.bar.add_task("train", total=summary.steps_planned, pubs="0 published")
+
+    def loss_field(self) -> str:
+        return loss_text(self.summary.losses, self.levels)
+
+    def rate_field(self, completed) -> str:
+        elapsed = time.monotonic() - self.t0
+        if not completed:
+            return ""
+        return f"{completed * self.tokens_per_step / max(elapsed, 1e-9):,.0f} tok/s"
 
     def step(self, step, loss):
-        if self.bar is None:
-            return
-        elapsed = time.monotonic() - self.t0
-        rate = (step + 1) * self.tokens_per_step / max(elapsed, 1e-9)
-        text = f"loss {loss:.4f}" + (f" (floor {self.floor:.3f})" if self.floor is not None else "")
-        self.bar.update(self.task, completed=step + 1, loss=text, rate=f"{rate:,.0f} tok/s")
+        # the run loop has appended `loss` to summary.losses: the line reads it when it renders
+        if self.bar is not None:
+            self.bar.update(self.task, completed=step + 1)
 
     def published(self, update_count, seconds):
         if self.bar is not None:

@@ -25,7 +25,9 @@ from dataclasses import dataclass
 from .backend import BackendUnavailable, DeviceError
 
 _cu = None
-NO_GPU_HINT = "on a machine without a GPU, `--profile tiny --backend interpret` runs the plan on the CPU"
+# true from the state `make run` leaves on a machine without a GPU (tests/test_cli.py runs it)
+NO_GPU_HINT = ("no GPU here: `make demo` runs the tiny profile on the CPU; with pip: pip install -e "
+               "'.[demo]', then `coppelius run --profile tiny --backend interpret`")
 BINDINGS_FLOOR = (12, 9, 1)     # pyproject.toml's floor; tests/test_cuda_backend_fake.py ties the two
 BINDINGS_HINT = ("pip install 'cuda-bindings>=12.9.1,<13' for a CUDA 12 driver, "
                  "'cuda-bindings>=13.0.0,<14' for a CUDA 13 driver")

@@ -297,6 +297,33 @@ class ResultFile:
             return np.zeros(0, np.int64)
         return ts["host_issue_ns"][1:].astype(np.int64) - ts["host_fence_ns"][:-1].astype(np.int64)
 
+    def update_steps(self) -> np.ndarray:
+        """(updates,) i64: the step of each entry `update_entries` returns (device_step_ns's x)."""
+        return self.update_entries()["step"].astype(np.int64)
+
+    def update_gaps(self) -> tuple[np.ndarray, np.ndarray]:
+        """((k,) step, (k,) ns): for each update issue after the first issue, the host time from
+        the previous issue's fence (the forward's for step 0) to this issue."""
+        ts = self.timestamps
+        if len(ts) < 2:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        gap = ts["host_issue_ns"][1:].astype(np.int64) - ts["host_fence_ns"][:-1].astype(np.int64)
+        upd = ts["submission"][1:] == L.SUBMISSION_UPDATE
+        return ts["step"][1:][upd].astype(np.int64), gap[upd]
+
+    def publication_steps(self) -> np.ndarray:
+        """(k,) i64: the steps after which the run loop started a checkpoint publication, by
+        host/run.py's rule: every `checkpoint_interval` steps of this invocation, after its last
+        planned step, and after the last completed step of an interrupted run.  The status
+        block's `publications` counts those that completed, which are the first ones (each
+        publication waits for the one before it)."""
+        done, planned = self.steps, int(self.status["steps_planned"])
+        s = np.arange(done, dtype=np.int64)
+        started = ((s + 1) % self.profile.checkpoint_interval == 0) | (s + 1 == planned)
+        if self.outcome_code == R.OUTCOME_INTERRUPTED and done:
+            started[-1] = True
+        return s[started]
+
     def warnings(self) -> list[str]:
         """Inconsistencies a valid-sized file can still carry; inspect shows them."""
         out = []
@@ -311,6 +338,10 @@ class ResultFile:
             out.append(f"outcome {self.outcome} but the error notifier is not filled")
         if int(st["gp_get"]) > int(st["gp_put"]):
             out.append(f"gpGet {int(st['gp_get'])} > gpPut {int(st['gp_put'])}")
+        derived, published = self.publication_steps().size, int(st["publications"])
+        if published > derived:
+            out.append(f"status block counts {published} publications; the step count and the "
+                       f"profile's interval allow {derived}")
         seq = self.timestamps["sequence"]
         if len(seq) and not np.array_equal(seq, np.arange(1, len(seq) + 1, dtype=seq.dtype)):
             out.append("timestamp table sequences are not 1, 2, 3, ...")

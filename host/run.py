@@ -27,6 +27,7 @@ from . import checkpoint as ckpt_mod
 from .backend import DeviceError
 from .backend_cuda import CudaBackend
 from .errors import UserError
+from .levels import RunLevels
 from .publisher import Publisher
 from .result_file import ResultWriter
 from .ring import DEFAULT_FENCE_TIMEOUT_S, Ring
@@ -88,7 +89,7 @@ class Summary:
 class Progress:
     """Live progress hooks; the command line passes a rich implementation, tests pass this one."""
 
-    def start(self, summary: Summary, floor: float | None, tokens_per_step: int) -> None: ...
+    def start(self, summary: Summary, levels: RunLevels | None, tokens_per_step: int) -> None: ...
     def step(self, step: int, loss: float) -> None: ...
     def published(self, update_count: int, seconds: float) -> None: ...
     def note(self, text: str) -> None: ...
@@ -145,7 +146,7 @@ def make_backend(name: str, profile):
             from .backend_interpret import InterpretBackend
         except ImportError as e:
             raise RunRefused(f"the interpret backend needs Triton and torch ({e})",
-                             "pip install -e '.[dev]'") from None
+                             "`make demo`, or pip install -e '.[demo]'") from None
         return InterpretBackend(profile)
     raise RunRefused(f"unknown backend {name!r}", "use --backend cuda or --backend interpret")
 
@@ -381,8 +382,9 @@ class _Invocation:
                 self.load_parameters()
                 self.backend.instantiate(t_base=self.c0 - 1)
                 signals.check(self.opened.checkpoint)
-                floor = synthetic.loss_floor(self.profile) if self.req.tokens is None else None
-                self.progress.start(summary, floor, self.profile.context)
+                levels = (RunLevels.of_run(self.profile, self.c0, self.steps)
+                          if self.req.tokens is None else None)     # the embedded stream's floors
+                self.progress.start(summary, levels, self.profile.context)
                 self.forward()
                 context = self.updates()
                 self.final(context)

@@ -113,6 +113,10 @@ def synthesize(profile, outcome: int = R.OUTCOME_COMPLETED, steps: int | None = 
                 sems[s]["final_payload"] = last["sequence"]
                 sems[s]["final_timestamp"] = last["device_final_ns"]
 
+    # every publication the run loop starts completes: each interval, and an interrupted run's
+    # last step when it is not one (host/run.py)
+    publications = steps // profile.checkpoint_interval + int(
+        outcome == R.OUTCOME_INTERRUPTED and steps % profile.checkpoint_interval != 0)
     wall = int(ts["host_fence_ns"].max() - issue_ns[0]) + 3_000_000_000
     preds = rng.integers(0, V, (3, 2)).astype(np.uint32)
     preds[:, 1] = 1
@@ -120,8 +124,7 @@ def synthesize(profile, outcome: int = R.OUTCOME_COMPLETED, steps: int | None = 
     status = R.STATUS_BLOCK.pack(
         magic=R.STATUS_MAGIC, version=R.STATUS_VERSION, outcome=outcome, c0=c0,
         steps_planned=planned, steps_completed=steps, update_count=c0 + steps,
-        gp_get=gp_get, gp_put=issues, publications=steps // profile.checkpoint_interval
-        + int(outcome == R.OUTCOME_INTERRUPTED), backend=R.BACKEND_CUDA, wall_ns=wall,
+        gp_get=gp_get, gp_put=issues, publications=publications, backend=R.BACKEND_CUDA, wall_ns=wall,
         predictions=preds, compute_capability=90, driver_version=12080, checkpoint_sha256=digest,
         device_name="NVIDIA H200")
     if outcome == R.OUTCOME_COMPLETED:

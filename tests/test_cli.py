@@ -1,6 +1,9 @@
 """The command line frame: --help, --version, the user-error convention (one line, exit 2)."""
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 from host import __version__
 
@@ -38,3 +41,30 @@ def test_profiles_table():
 def test_unknown_subcommand_exits_2():
     r = coppelius("frobnicate")
     assert r.returncode == 2
+
+
+def _demo_recipe() -> str:
+    """The Makefile's `demo` recipe (its lines up to the next blank line)."""
+    text = (Path(__file__).resolve().parents[1] / "Makefile").read_text()
+    return text.split("\ndemo:", 1)[1].split("\n\n", 1)[0]
+
+
+def test_no_gpu_refusal_names_make_demo(tmp_path):
+    """Issue 16: the refusal a machine without a GPU gives `make run` names a command that works
+    from that state, and `make demo` is that command: the interpret backend, the plot, verify."""
+    from host import driver
+    from host.backend import BackendUnavailable
+    try:
+        driver.Device()
+        pytest.skip("a GPU is present: `coppelius run` would not refuse")
+    except BackendUnavailable:
+        pass
+    r = coppelius("run", "--profile", "tiny", "--directory", str(tmp_path), "--steps", "1")
+    assert r.returncode == 2, r.stderr
+    line, = r.stderr.strip().splitlines()
+    assert "make demo" in line and "--profile tiny --backend interpret" in line, line
+    recipe = _demo_recipe()
+    for needle in ("$(VENV)/.demo", "run --profile tiny --backend interpret", "inspect",
+                   "--plot", "verify"):
+        assert needle in recipe, needle
+    assert not list(tmp_path.glob("*.bin")), "a refused run leaves no result file"

@@ -101,7 +101,8 @@ def test_plot_png(tmp_path):
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
     from host.plot import plot
     rf = RF.read(path)
-    plot(rf, tmp_path / "floor.png", floor=1.25)
+    from host.levels import RunLevels
+    plot(rf, tmp_path / "floor.png", levels=RunLevels.of_run(rf.profile, 0, rf.steps))
     plot(RF.read(_write(tmp_path, outcome=R.OUTCOME_HOST_ERROR, steps=0)[1]),
          tmp_path / "empty.png")
     assert (tmp_path / "empty.png").stat().st_size > 10_000
