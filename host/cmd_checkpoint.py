@@ -38,7 +38,7 @@ def _profile_for(header, name, where):
 def run_show(args) -> int:
     import json
 
-    from rich.console import Console
+    from .console import report_console
     from rich.table import Table
 
     from .checkpoint import read_header
@@ -65,7 +65,7 @@ def run_show(args) -> int:
             "header_sha256": header.header_digest.hex(),
             "chunk_sha256": [d.hex() for d in header.digests]}, indent=1))
         return 0
-    console = Console()
+    console = report_console()
     t = Table(title=f"checkpoint {args.path}", show_header=False)
     t.add_column("field")
     t.add_column("value", overflow="fold")

@@ -29,8 +29,8 @@ class Report:
     as one JSON object at the end with --json)."""
 
     def __init__(self, as_json: bool):
-        from rich.console import Console
-        self.console = None if as_json else Console()
+        from .console import report_console
+        self.console = None if as_json else report_console()
         self.checks: list[dict] = []
         self.ok = True
 

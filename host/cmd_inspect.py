@@ -243,10 +243,10 @@ def _f(x, spec=".4f"):
 
 def render(info: dict, rf) -> None:
     from rich import box
-    from rich.console import Console
+    from .console import report_console
     from rich.table import Table
 
-    c = Console(highlight=False)
+    c = report_console()
     st, n = info["status"], info["error_notifier"]
     ok = info["size"] == info["expected_size"]
     colour = "green" if info["outcome_code"] == 0 else "red"

@@ -11,12 +11,12 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from rich.console import Console
+    from .console import report_console
     from rich.table import Table
 
     from plan import profiles
 
-    console = Console()
+    console = report_console()
     if args.profile:
         prof = profiles.get(args.profile)
         t = Table(title=f"profile {prof.name}: parameter table")

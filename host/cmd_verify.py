@@ -34,7 +34,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     import numpy as np
-    from rich.console import Console
+    from .console import report_console
     from rich.table import Table
 
     from plan import reference
@@ -44,7 +44,7 @@ def run(args) -> int:
     from .errors import UserError
     from .result_file import read
 
-    console = Console()
+    console = report_console()
     rf = read(args.result)
     profile = rf.profile
     status = rf.status

@@ -3,17 +3,9 @@
 from __future__ import annotations
 
 from rich import box
-from rich.console import Console
 from rich.table import Table
 
-WIDTH_PIPED = 160          # a table written to a file or a pipe is not wrapped at 80 columns
-
-
-def _console() -> Console:
-    c = Console(highlight=False)
-    if not c.is_terminal:
-        c.width = max(c.width, WIDTH_PIPED)
-    return c
+from .console import report_console as _console
 
 
 def _cc(cc: int) -> str:
@@ -110,7 +102,7 @@ def _identity_table(rep: dict) -> Table:
     return t
 
 
-def _print_apart(c: Console, rep: dict) -> None:
+def _print_apart(c, rep: dict) -> None:
     """The fields that differ but never count, and the device time per step of each file."""
     if rep["time_fields"]:
         c.print("time-dependent fields that differ (never count): " + ", ".join(rep["time_fields"]))

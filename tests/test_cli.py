@@ -68,3 +68,20 @@ def test_no_gpu_refusal_names_make_demo(tmp_path):
                    "--plot", "verify"):
         assert needle in recipe, needle
     assert not list(tmp_path.glob("*.bin")), "a refused run leaves no result file"
+
+
+def test_a_report_written_to_a_pipe_is_not_wrapped_at_80_columns(monkeypatch):
+    """A forensic report sent to a file keeps each line of text whole (a grep finds it) and its
+    tables at least WIDTH_PIPED wide; a terminal keeps its own width."""
+    import io
+
+    from host.console import WIDTH_PIPED, report_console
+    monkeypatch.delenv("COLUMNS", raising=False)
+    out = io.StringIO()
+    c = report_console(file=out)
+    line = "sections: " + " · ".join(f"section {i} {i * 1000:,}" for i in range(20))
+    c.print(line)
+    assert out.getvalue() == line + "\n" and len(line) > WIDTH_PIPED > 80
+    assert c.width >= WIDTH_PIPED
+    tty = report_console(file=io.StringIO(), force_terminal=True, width=100)
+    assert tty.width == 100 and not tty.soft_wrap
