@@ -11,8 +11,10 @@ after that is never freed (process exit frees it).
 """
 from __future__ import annotations
 
+import math
 import time
 import warnings
+from dataclasses import dataclass, field
 
 from plan import launches as _launches
 from staging import layout as SL
@@ -31,6 +33,29 @@ SHARED_HINT = ("the sm_80 kernels need up to 147,456 B of shared memory per bloc
                "(README: which GPUs run)")
 THREADS_HINT = ("the JIT gave it more registers than that many threads can hold; "
                 "`coppelius doctor` lists the registers per function")
+
+
+TIMING_LEAD_MIN = 2         # graph replays queued ahead of a timed launch list (at least) ...
+TIMING_LEAD_MAX = 32        # ... and at most (a host far slower than the device gains nothing more)
+
+
+@dataclass
+class SubmissionTiming:
+    """One submission timed two ways, `repeats` times: launch by launch outside its graph (an
+    event between launches) and as one graph replay (an event either side)."""
+    labels: tuple[str, ...]                 # (launches,) the plan's stage names
+    kernels: tuple[str, ...]                # (launches,) manifest entries
+    launch_us: list = field(default_factory=list)    # (repeats, launches) event to next event
+    graph_us: list = field(default_factory=list)     # (repeats,) one graph replay
+    enqueue_us: list = field(default_factory=list)   # (repeats,) host time to enqueue the list
+    lead_us: list = field(default_factory=list)      # (repeats,) device time queued ahead of it
+    lead: int = TIMING_LEAD_MIN             # graph replays queued ahead, after the warm-up
+
+    @property
+    def starved(self) -> int:
+        """Repeats where the host took longer to enqueue the list than the device had queued
+        ahead: their launch times may hold host time (the device waited for the next launch)."""
+        return sum(e > lead + g for e, lead, g in zip(self.enqueue_us, self.lead_us, self.graph_us))
 
 
 class KernelRefused(BackendUnavailable):
@@ -186,6 +211,59 @@ class CudaBackend(Backend):
 
     def issue(self, submission: int) -> None:
         self._graphs[submission].launch()
+
+    def time_submission(self, submission: int, repeats: int,
+                        lead: int = TIMING_LEAD_MIN) -> SubmissionTiming:
+        """Replay an instantiated submission's launch list outside its graph with an event between
+        launches, and its graph between two events, `repeats` times after one warm-up repeat.
+
+        Graph replays are queued ahead of each timed list (`lead` of them, more if the warm-up
+        shows the host needs longer to enqueue the list), so the device is still busy while the
+        host enqueues: an event-to-event time is then the launch and its gap to the next, not
+        host time (`SubmissionTiming.starved` counts the repeats where that did not hold).  The
+        work is really done each time (an update trains), so the buffers must hold a state a
+        forward submission left; the run's results are not what this is for."""
+        if repeats < 1:
+            raise ValueError(f"repeats must be at least 1, got {repeats}")
+        graph, launches = self._graphs[submission], self._params[submission]
+        sub = self._submissions[submission]
+        timing = SubmissionTiming(tuple(x.label for x in sub.launches),
+                                  tuple(x.kernel for x in sub.launches))
+        stream = self.dev.stream
+        events = [drv.Event() for _ in range(len(launches) + 5)]
+        lead_0, lead_1, graph_1, marks = events[0], events[1], events[2], events[3:]
+        try:
+            for r in range(repeats + 1):                        # repeat 0 warms up, not kept
+                lead_0.record(stream)
+                for _ in range(lead):
+                    graph.launch()
+                lead_1.record(stream)
+                graph.launch()
+                graph_1.record(stream)
+                t = time.perf_counter()
+                marks[0].record(stream)
+                for (kernel, params, grid), mark in zip(launches, marks[1:]):
+                    kernel.launch(stream, grid, params)
+                    mark.record(stream)
+                enqueue_us = (time.perf_counter() - t) * 1e6
+                marks[len(launches)].synchronize()
+                self.check()
+                graph_us = drv.elapsed_ms(lead_1, graph_1) * 1e3
+                lead_us = drv.elapsed_ms(lead_0, lead_1) * 1e3
+                if r == 0:      # enough replays ahead that the host finishes enqueuing first
+                    need = math.ceil(1.5 * enqueue_us / max(graph_us, 1e-3))
+                    lead = min(max(lead, need), TIMING_LEAD_MAX)
+                    timing.lead = lead
+                    continue
+                timing.launch_us.append([drv.elapsed_ms(a, b) * 1e3
+                                         for a, b in zip(marks, marks[1:len(launches) + 1])])
+                timing.graph_us.append(graph_us)
+                timing.enqueue_us.append(enqueue_us)
+                timing.lead_us.append(lead_us)
+        finally:
+            for e in events:
+                e.close()
+        return timing
 
     def check(self) -> bool:
         return self.dev.query()

@@ -1,5 +1,5 @@
-"""The CUDA driver path: `check()`, the primary context, streams, memory, mapped staging, modules,
-graphs.
+"""The CUDA driver path: `check()`, the primary context, streams, timing events, memory, mapped
+staging, modules, graphs.
 
 Driver API only (`from cuda.bindings import driver`), imported lazily so that every other part of the
 host runs without a driver.  Works with the 12.x and 13.x bindings: the primary context avoids
@@ -207,6 +207,30 @@ class Stream:
         if self.handle is not None:
             release(cu().cuStreamDestroy(self.handle), "cuStreamDestroy")
             self.handle = None
+
+
+class Event:
+    """A timing event of the current context (`cuEventCreate` with CU_EVENT_DEFAULT: timing on)."""
+
+    def __init__(self):
+        d = cu()
+        self.handle = check(d.cuEventCreate(d.CUevent_flags.CU_EVENT_DEFAULT), "cuEventCreate")
+
+    def record(self, stream: Stream) -> None:
+        check(cu().cuEventRecord(self.handle, stream.handle), "cuEventRecord")
+
+    def synchronize(self) -> None:
+        check(cu().cuEventSynchronize(self.handle), "cuEventSynchronize")
+
+    def close(self) -> None:
+        if self.handle is not None:
+            release(cu().cuEventDestroy(self.handle), "cuEventDestroy")
+            self.handle = None
+
+
+def elapsed_ms(start: Event, end: Event) -> float:
+    """Device time between two completed events in ms (the driver's resolution: about 0.5 µs)."""
+    return float(check(cu().cuEventElapsedTime(start.handle, end.handle), "cuEventElapsedTime"))
 
 
 class DeviceBuffer:

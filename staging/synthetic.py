@@ -1,62 +1,103 @@
-"""The embedded default token stream (SPEC §14): a seeded synthetic source with an exact loss floor.
+"""The embedded default token stream (SPEC §14): a seeded synthetic source with an exact floor per context.
 
 Design (per profile; every draw comes from raw Philox words, so the bytes never depend on numpy's
-distribution algorithms):
+distribution algorithms; every random choice is uniform over its options):
 
-* Ids 0..J are *markers* (J = COPY_REACH = 8); the other N = V - J - 1 ids are *content*.
-* Content follows a first-order Markov chain with a fixed sparse successor distribution: a hidden
-  walk y ∈ Z_N moves by one of K = 4 distinct offsets d_k with dyadic probabilities
-  p = (1/2, 1/4, 1/8, 1/8), and the token is J + 1 + π[y] for a fixed random permutation π.  So a
-  content token t has exactly four successors, π-images of π⁻¹(t - J - 1) + d_k, and since the
-  increments are i.i.d. the past tells nothing beyond the current token: H(p) = 1.75 ln 2 nats.
-* Each context (stream ids 1024c .. 1024c+1024, SPEC §5) predicts 1024 tokens laid out as
-  T/B blocks of B = 64: one marker then B-1 content tokens.  Block 0's marker is M0 (a Markov
-  block).  Block b ≥ 1 is, independently, a Markov block (marker M0) with probability 1 - q, or,
-  with probability q = 1/2, a *copy block*: marker Mj with j uniform in 1..min(b, J), and its
-  content repeats block b - j's content exactly (a copy span 64·j positions back, inside the same
-  context: it rewards attention).  A Markov block's walk continues from the token before its marker.
-* Nothing crosses a context boundary except the shared token 1024c, so a model that sees the
-  context's prefix has all the information the full past has, and the loss floor is exact:
+* Ids 0..J are *markers* (J = COPY_REACH); the next N = min(V - J - 1, CONTENT_MAX) ids are
+  *content*; higher ids never occur.  A small N lets a model learn the chain in a few hundred steps.
+* Content follows a first-order Markov chain: a hidden walk y ∈ Z_N moves by one of K distinct
+  offsets d_k, each with probability 1/K, and the token is J + 1 + π[y] for a fixed random
+  permutation π.  So a content token has exactly K equally likely successors, and since the
+  increments are i.i.d. the past tells nothing beyond the current token.
+* Each context (stream ids 1024c .. 1024c+1024, SPEC §5) predicts T tokens laid out as n_b = T/B
+  blocks of B: one marker, then B-1 content tokens.  Block 0's marker is 0 (a Markov block).
+  The marker of block b ≥ 1 is uniform over 0..m_b, m_b = min(b, J): 0 makes a *Markov block*
+  (its walk continues from the token before the marker), j ≥ 1 a *copy block* whose content
+  repeats block b - j's content exactly (a copy span B·j positions back inside the same context:
+  it rewards attention).  Nothing crosses a context boundary except the shared token 1024c.
 
-      H_ctx = Σ_{b=1}^{T/B-1} [ h(q) + q·ln min(b, J) ] + (B-1)·H(p)·(1 + (T/B-1)(1-q))
-      floor = H_ctx / T   nats/token,      h(q) = -q ln q - (1-q) ln(1-q)
+The floor.  Because every choice is uniform, the conditional entropy of each target given its
+history equals its −log p_true exactly: ln(m_b + 1) for the marker of block b ≥ 1, 0 for block 0's
+marker, ln K for each content token of a Markov block, 0 for copy content.  A context's floor is
+the mean over its T rows, so it depends only on its markers:
 
-  (markers of block 0 are certain; copy content is certain).  For T = 1024 this is
-  0.65677... nats/token for every profile (the vocabulary size does not enter).  `row_floor` gives
-  the per-row conditional entropy whose mean is the floor.
+    floor_c   = ( Σ_{b≥1} ln(m_b + 1) + (B-1)·ln K · #Markov blocks ) / T          (context_floor)
+    E[floor]  = ( Σ_{b≥1} ln(m_b + 1) + (B-1)·ln K · (1 + Σ_{b≥1} 1/(m_b + 1)) ) / T  (loss_floor)
 
-The copy distance uses `word % m` on a 64-bit word: its bias (< 2⁻⁶¹) is below float precision.
-Generation is vectorized over chunks of contexts with a loop over the T/B blocks only.
+The *no-copy level* is the loss of the predictor that knows the markers and the chain but does not
+copy: each copy block then costs ln N for its first content token (a fresh draw from the chain's
+uniform stationary distribution) and ln K for each of the other B-2 (a copied run follows the chain):
+
+    no_copy_c = floor_c + ( ln N + (B-2)·ln K ) · #copy blocks / T                  (context_no_copy)
+
+A loss resting there reads as "the chain is learned, copying is not yet".  The floor does not
+depend on V; the no-copy level does, through N.
+
+For the host's display (progress, `inspect`, its plot).  Step s of a run that starts at update
+count c0 trains on context c = c0 + s, and its loss record holds that context's T per-row
+cross-entropies, so every level below is indexed by context, never by step:
+
+* `context_floor(profile, contexts)` (n,): the exact floor of each context; show the running
+  mean of (loss − floor) over a window, or the loss beside the window's mean floor.
+* `context_no_copy(profile, contexts)` (n,): the no-copy level of each context; a window resting
+  there reads as "copying not learned yet".
+* `copy_rows(profile, contexts)` (n, T) bool: the loss record's rows that are copy content (floor
+  0); their mean loss is the copy-block loss (docs/STREAM.md: under 0.5 once copying is learned).
+* `row_entropy(profile, contexts)` (n, T): each row's floor, for a per-row plot.
+* `loss_floor(profile)`, `no_copy_level(profile)`: the expectations over contexts, one number
+  each, for a caption.
+* `context_markers(profile, contexts)` / `block_markers(profile)` (n, n_b): what all the above
+  read.  Without `tokens` they come from the seed (all 20,000 contexts in ≈ 10 ms, cached), so
+  `inspect` needs no stream file; pass `tokens` (e.g. `TokenCache.tokens`, a memory map) to read
+  them from the ids instead and refuse (`StreamAltered`) ids this generator cannot have written.
+
+These levels mean something only for runs on the embedded stream (no `--tokens`); contexts must
+lie in 0..CONTEXTS-1 (`ValueError` otherwise).
+
+The marker uses `word % (m + 1)` on a 64-bit word: its bias (< 2⁻⁶¹) is below float precision;
+K is a power of two, so a successor takes the low bits of one raw byte exactly.  Generation is
+vectorized over chunks of contexts with a loop over the blocks only.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import mmap
 import os
 import pathlib
 import tempfile
+from dataclasses import dataclass
 
 import numpy as np
 
 from .errors import UserError
 
 CONTEXTS = 20_000                      # SPEC §14: enough for two consecutive runs
-BLOCK = 64                             # B: tokens per block, marker included
-COPY_REACH = 8                         # J: a copy block repeats one of the previous J blocks
-COPY_PROBABILITY = 0.5                 # q: one raw bit
-SUCCESSOR_PROBABILITIES = (0.5, 0.25, 0.125, 0.125)   # p: decoded from 3 raw bits below
-_SUCCESSOR_OF_3_BITS = np.array([0, 0, 0, 0, 1, 1, 2, 3], np.int64)
 STREAM_HEADER = bytes(16)              # SPEC §5: mtime 0 and size 0 mark a generated stream
 STREAM_SUFFIX = "-stream.tokens"
 DEFAULT_DIRECTORY = "coppelius-run"    # where `coppelius run` with no arguments keeps its files
 _CHUNK_CONTEXTS = 1000                 # bounds peak memory (~50 MB of int64 per chunk)
 _KEY_DOMAIN = 0x5354524541          # "STREA": separates this key from the initialization's
 
+
+@dataclass(frozen=True)
+class Design:
+    """The generator's constants; the stream, its floor and its no-copy level all read these."""
+    block: int = 64                    # B: tokens per block, marker included
+    copy_reach: int = 2                # J: a copy block repeats one of the previous J blocks
+    successors: int = 4                # K: equally likely successors per content token (2^k)
+    content_max: int = 1024            # N = min(V - J - 1, this): the chain's vocabulary
+
+
+DESIGN = Design()
+BLOCK = DESIGN.block
+COPY_REACH = DESIGN.copy_reach
+
 # sha256 of `<profile>-stream.tokens` (header included), pinned by tests/test_synthetic.py
 STREAM_SHA256 = {
-    "coppelius": "c2203351737121ade88d81609a7c3e1673a450c026e8a09a22ff46160da67423",
-    "tiny": "7bebc4e4ea8be931b6ecd1199ba69d3316b954b4e0edb7a0499ee84e37547012",
+    "coppelius": "af7d15445019da72c9bdb6deb190d7f83019a56c53899572c11b909c379d3c50",
+    "tiny": "502024fc66a9004b0d50e04eead5ccf8ba41f0248545f8963668a7829c87d6f7",
 }
 
 
@@ -69,63 +110,87 @@ def _key(profile) -> int:
     return profile.seed | ((tag ^ _KEY_DOMAIN) << 64)
 
 
-def _shape(profile) -> tuple[int, int]:
-    """(content ids N, blocks per context); refuses a profile the design does not fit."""
-    T, V = profile.context, profile.vocab
-    if T % BLOCK:
-        raise ValueError(f"profile {profile.name}: context {T} is not a multiple of {BLOCK}")
-    n = V - COPY_REACH - 1
-    if n < 2 * len(SUCCESSOR_PROBABILITIES):
-        raise ValueError(f"profile {profile.name}: vocabulary {V} too small for the stream")
-    return n, T // BLOCK
+def content_size(profile, design: Design = DESIGN) -> int:
+    """N: how many content ids the chain uses (ids J+1 .. J+N)."""
+    return min(profile.vocab - design.copy_reach - 1, design.content_max)
 
 
-def _walk(bits, n: int) -> tuple[np.ndarray, np.ndarray]:
+def _shape(profile, design: Design) -> tuple[int, int]:
+    """(content ids N, blocks per context); refuses a profile or design that does not fit."""
+    T, B, K = profile.context, design.block, design.successors
+    if B < 3 or T % B:
+        raise ValueError(f"profile {profile.name}: context {T} is not a multiple of block {B} ≥ 3")
+    if K < 1 or K > 256 or K & (K - 1):
+        raise ValueError(f"successors {K} must be a power of two ≤ 256 (one raw byte per step)")
+    if design.copy_reach < 1:
+        raise ValueError(f"copy reach {design.copy_reach} must be ≥ 1")
+    n = content_size(profile, design)
+    if n < 2 * K:
+        raise ValueError(f"profile {profile.name}: vocabulary {profile.vocab} too small for the stream")
+    return n, T // B
+
+
+def _walk(bits, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
     """The fixed chain: permutation π (N,) and K distinct nonzero offsets mod N (K,)."""
     perm = np.argsort(bits.random_raw(n), kind="stable").astype(np.int64)
     offsets: list[int] = []
-    while len(offsets) < len(SUCCESSOR_PROBABILITIES):
+    while len(offsets) < k:
         d = 1 + int(bits.random_raw()) % (n - 1)
         if d not in offsets:
             offsets.append(d)
     return perm, np.array(offsets, np.int64)
 
 
-def successor_table(profile) -> np.ndarray:
-    """(V, K) int64: content token t's successors, most likely first; -1 rows for markers."""
-    n, _ = _shape(profile)
-    perm, d_k = _walk(np.random.Philox(key=_key(profile)), n)
+def successor_table(profile, design: Design = DESIGN) -> np.ndarray:
+    """(V, K) int64: content token t's K successors (equally likely); -1 rows for other ids."""
+    n, _ = _shape(profile, design)
+    perm, d_k = _walk(np.random.Philox(key=_key(profile)), n, design.successors)
     inverse = np.empty(n, np.int64)
     inverse[perm] = np.arange(n)
+    J = design.copy_reach
     table = np.full((profile.vocab, len(d_k)), -1, np.int64)
-    table[COPY_REACH + 1:] = COPY_REACH + 1 + perm[(inverse[:, None] + d_k) % n]
+    table[J + 1:J + 1 + n] = J + 1 + perm[(inverse[:, None] + d_k) % n]
     return table
 
 
-def generate(profile) -> np.ndarray:
-    """The stream's CONTEXTS·T + 1 token ids (uint32), a pure function of the profile and seed."""
-    N, nb = _shape(profile)
-    T, J, B1 = profile.context, COPY_REACH, BLOCK - 1
+def _reach(nb: int, design: Design) -> np.ndarray:
+    """(nb,) int64: m_b, the largest copy distance block b may announce (0 for block 0)."""
+    return np.minimum(np.arange(nb, dtype=np.int64), design.copy_reach)
+
+
+def _draws_before_content(profile, design: Design):
+    """The generator's first draws, in order: (bits, π, offsets d_k, walk start, markers (C, n_b)).
+
+    Shared by `generate` and `block_markers`, so the floor the host shows reads the very markers
+    the stream holds; the content steps are drawn after these, from the same `bits`.
+    """
+    N, nb = _shape(profile, design)
     bits = np.random.Philox(key=_key(profile))
-    perm, d_k = _walk(bits, N)
+    perm, d_k = _walk(bits, N, design.successors)
     y_start = int(bits.random_raw()) % N                   # the walk before context 0
     block_words = bits.random_raw(CONTEXTS * (nb - 1)).reshape(CONTEXTS, nb - 1)
-
-    # block kinds: 0 Markov, j ≥ 1 copy of the block j back (never past the context start)
-    reach = np.minimum(np.arange(1, nb, dtype=np.uint64), J)                # (nb-1,)
-    copy = (block_words & np.uint64(1)).astype(bool)
-    dist = ((block_words >> np.uint64(1)) % reach + np.uint64(1)).astype(np.int64)
+    # block kinds: 0 Markov, j ≥ 1 copy of the block j back, uniform over 0..m_b
+    options = (_reach(nb, design)[1:] + 1).astype(np.uint64)                # (nb-1,)
     kinds = np.zeros((CONTEXTS, nb), np.int64)                              # (C, nb)
-    kinds[:, 1:] = np.where(copy, dist, 0)
+    kinds[:, 1:] = (block_words % options).astype(np.int64)
+    return bits, perm, d_k, y_start, kinds
+
+
+def generate(profile, design: Design = DESIGN) -> np.ndarray:
+    """The stream's CONTEXTS·T + 1 token ids (uint32), a pure function of the profile and seed."""
+    N, nb = _shape(profile, design)
+    T, J, K, B1 = profile.context, design.copy_reach, design.successors, design.block - 1
+    bits, perm, d_k, y_start, kinds = _draws_before_content(profile, design)
 
     out = np.empty(CONTEXTS * T + 1, np.uint32)
     out[0] = J + 1 + perm[y_start]
     y0 = y_start                                   # absolute walk value of token 1024c
-    words_per_context = nb * B1 // 8               # 1008 increment bytes = 126 words: chunks align
+    step_bytes = nb * B1                           # one raw byte per content token
     for a in range(0, CONTEXTS, _CHUNK_CONTEXTS):
         c = min(_CHUNK_CONTEXTS, CONTEXTS - a)
-        raw = bits.random_raw(c * words_per_context).astype("<u8").view(np.uint8)
-        steps = d_k[_SUCCESSOR_OF_3_BITS[raw & 7]].reshape(c, nb, B1)      # (c, nb, B-1)
+        raw = bits.random_raw(-(-c * step_bytes // 8)).astype("<u8").view(np.uint8)
+        raw = raw[:c * step_bytes].reshape(c, nb, B1)
+        steps = d_k[raw & (K - 1)]                                         # (c, nb, B-1)
         y = np.zeros((c, nb, B1), np.int64)        # walk relative to token 1024c
         start = np.zeros(c, np.int64)
         rows = np.arange(c)
@@ -140,35 +205,117 @@ def generate(profile) -> np.ndarray:
         # absolute walk of each context's token 0: cumulative over the chunk's contexts
         base = y0 + np.concatenate(([0], np.cumsum(start[:-1])))           # (c,)
         y0 = int((y0 + start.sum()) % N)
-        tokens = np.empty((c, nb, BLOCK), np.uint32)
+        tokens = np.empty((c, nb, design.block), np.uint32)
         tokens[:, :, 0] = kind
         tokens[:, :, 1:] = J + 1 + perm[(y + (base % N)[:, None, None]) % N]
         out[1 + a * T:1 + (a + c) * T] = tokens.reshape(-1)
     return out
 
 
-def row_floor(profile) -> np.ndarray:
-    """(T,) float64: the conditional entropy (nats) of the token row r predicts, given the context."""
-    _, nb = _shape(profile)
-    q, J = COPY_PROBABILITY, COPY_REACH
-    hp = -sum(p * math.log(p) for p in SUCCESSOR_PROBABILITIES)
-    hq = -q * math.log(q) - (1 - q) * math.log(1 - q)
-    pos = np.arange(profile.context)              # row r predicts position r + 1 of the context
-    block, offset = pos // BLOCK, pos % BLOCK
-    marker = np.where(block == 0, 0.0, hq + q * np.log(np.minimum(np.maximum(block, 1), J)))
-    content = np.where(block == 0, hp, (1 - q) * hp)
-    return np.where(offset == 0, marker, content)
+# --------------------------------------------------------------- floors (for the host's display)
+
+@functools.lru_cache(maxsize=4)
+def block_markers(profile, design: Design = DESIGN) -> np.ndarray:
+    """(CONTEXTS, n_b) int64, read-only: every context's block markers, drawn from the seed exactly
+    as `generate` draws them (≈ 10 ms, no stream needed)."""
+    kinds = _draws_before_content(profile, design)[-1]
+    kinds.setflags(write=False)
+    return kinds
 
 
-def loss_floor(profile) -> float:
-    """The stream's exact entropy rate in nats/token (the closed form in the module docstring)."""
-    _, nb = _shape(profile)
-    q, J = COPY_PROBABILITY, COPY_REACH
-    hp = -sum(p * math.log(p) for p in SUCCESSOR_PROBABILITIES)
-    hq = -q * math.log(q) - (1 - q) * math.log(1 - q)
-    h_ctx = (sum(hq + q * math.log(min(b, J)) for b in range(1, nb))
-             + (BLOCK - 1) * hp * (1 + (nb - 1) * (1 - q)))
-    return h_ctx / profile.context
+def context_markers(profile, contexts, tokens=None, design: Design = DESIGN) -> np.ndarray:
+    """(n, n_b) int64: the block markers of the given contexts.
+
+    `contexts` is an int or a sequence of context indices.  Without `tokens` the markers come from
+    the seed (`block_markers`); with `tokens` (the whole stream, e.g. `TokenCache.tokens`, a memory
+    map: only the n·n_b marker ids are read) from the ids, and a marker the generator cannot have
+    written (block 0 not 0, block b above m_b) is refused: those ids are not this profile's
+    embedded stream, and its floor means nothing for them.
+    """
+    _, nb = _shape(profile, design)
+    c = np.atleast_1d(np.asarray(contexts, np.int64))                       # (n,)
+    if c.size and (c.min() < 0 or c.max() >= CONTEXTS):
+        raise ValueError(f"contexts {c.min()}..{c.max()} are outside the embedded stream's "
+                         f"0..{CONTEXTS - 1}")
+    if tokens is None:
+        return block_markers(profile, design)[c]
+    pos = 1 + profile.context * c[:, None] + design.block * np.arange(nb)   # (n, nb)
+    if c.size and pos.max() >= len(tokens):
+        raise ValueError(f"context {c.max()} is outside a stream of {len(tokens)} ids")
+    markers = np.asarray(tokens[pos.reshape(-1)], np.int64).reshape(pos.shape)
+    bad = markers > _reach(nb, design)                                      # (n, nb)
+    if bad.any():
+        i, b = np.argwhere(bad)[0]
+        raise StreamAltered(f"context {c[i]} block {b}: id {markers[i, b]} at stream position "
+                            f"{pos[i, b]} is no marker of the {profile.name} embedded stream "
+                            f"(at most {min(b, design.copy_reach)})",
+                            "the per-context floor is defined only for the embedded stream")
+    return markers
+
+
+def _row_costs(profile, design: Design):
+    """Per-block constants in nats: marker entropy (n_b,), Markov content, copy content without copying."""
+    N, nb = _shape(profile, design)
+    lnk = math.log(design.successors)
+    marker = np.log(_reach(nb, design) + 1.0)                               # (nb,): 0 for block 0
+    return marker, (design.block - 1) * lnk, math.log(N) + (design.block - 2) * lnk
+
+
+def context_floor(profile, contexts, tokens=None, design: Design = DESIGN) -> np.ndarray:
+    """(n,) float64: each context's exact floor in nats/token, the mean over its T rows of the
+    target's conditional entropy given its history (= a perfect model's mean −log p_true)."""
+    markers = context_markers(profile, contexts, tokens, design)
+    marker, markov, _ = _row_costs(profile, design)
+    return (marker.sum() + markov * (markers == 0).sum(axis=1)) / profile.context
+
+
+def context_no_copy(profile, contexts, tokens=None, design: Design = DESIGN) -> np.ndarray:
+    """(n,) float64: each context's no-copy level (module docstring) in nats/token."""
+    markers = context_markers(profile, contexts, tokens, design)
+    marker, markov, copy = _row_costs(profile, design)
+    floor = (marker.sum() + markov * (markers == 0).sum(axis=1)) / profile.context
+    return floor + copy * (markers > 0).sum(axis=1) / profile.context
+
+
+def row_entropy(profile, contexts, tokens=None, design: Design = DESIGN) -> np.ndarray:
+    """(n, T) float64: the conditional entropy (nats) of the target row r predicts; the per-context
+    floor is its mean over the rows."""
+    markers = context_markers(profile, contexts, tokens, design)           # (n, nb)
+    marker, _, _ = _row_costs(profile, design)
+    n, nb = markers.shape
+    rows = np.empty((n, nb, design.block))                    # row r predicts position r+1
+    rows[:, :, 0] = marker
+    rows[:, :, 1:] = np.where(markers == 0, math.log(design.successors), 0.0)[:, :, None]
+    return rows.reshape(n, profile.context)
+
+
+def copy_rows(profile, contexts, tokens=None, design: Design = DESIGN) -> np.ndarray:
+    """(n, T) bool: rows whose target is content of a copy block (their floor is 0)."""
+    markers = context_markers(profile, contexts, tokens, design)           # (n, nb)
+    n, nb = markers.shape
+    rows = np.zeros((n, nb, design.block), bool)
+    rows[:, :, 1:] = (markers > 0)[:, :, None]
+    return rows.reshape(n, profile.context)
+
+
+def _expected_blocks(profile, design: Design):
+    """(Σ marker entropies, expected Markov blocks, expected copy blocks) per context."""
+    _, nb = _shape(profile, design)
+    m = _reach(nb, design)[1:]
+    markov = 1 + float((1.0 / (m + 1)).sum())
+    return float(np.log(m + 1.0).sum()), markov, nb - markov
+
+
+def loss_floor(profile, design: Design = DESIGN) -> float:
+    """The stream's expected floor (its entropy rate) in nats/token: E[context_floor]."""
+    markers, markov, _ = _expected_blocks(profile, design)
+    return (markers + markov * (design.block - 1) * math.log(design.successors)) / profile.context
+
+
+def no_copy_level(profile, design: Design = DESIGN) -> float:
+    """The expected no-copy level in nats/token: E[context_no_copy]."""
+    _, _, copy = _row_costs(profile, design)
+    return loss_floor(profile, design) + copy * _expected_blocks(profile, design)[2] / profile.context
 
 
 def stream_bytes(profile) -> int:

@@ -8,6 +8,7 @@ pre-launch record) — which is all the run loop needs to observe fences.  Every
 `(CUresult, *values)` like the bindings.  Modules load through cuModuleLoadDataEx with JIT logs
 written into the caller's buffers; a device's opt-in shared memory, per-function attributes, JIT
 refusals and a hung stream are configurable.
+Timing events record the host clock when the (synchronous) fake stream reaches them.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ class CUresult(enum.IntEnum):
     CUDA_SUCCESS = 0
     CUDA_ERROR_INVALID_VALUE = 1
     CUDA_ERROR_INVALID_PTX = 218
+    CUDA_ERROR_INVALID_HANDLE = 400
     CUDA_ERROR_NOT_FOUND = 500
     CUDA_ERROR_NOT_READY = 600
     CUDA_ERROR_ILLEGAL_ADDRESS = 700
@@ -46,6 +48,7 @@ class FakeDriver:
                                          CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY="map",
                                          CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN="optin")
     CUstream_flags = SimpleNamespace(CU_STREAM_NON_BLOCKING=1)
+    CUevent_flags = SimpleNamespace(CU_EVENT_DEFAULT=0)
     CUstreamCaptureMode = SimpleNamespace(CU_STREAM_CAPTURE_MODE_THREAD_LOCAL=1)
     CUfunction_attribute = SimpleNamespace(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES=8,
                                            CU_FUNC_ATTRIBUTE_NUM_REGS="regs",
@@ -80,6 +83,7 @@ class FakeDriver:
         self.launch_log = []           # (function entry, grid, block, shared, params bytes)
         self.sticky_error = None
         self.calls = []
+        self.events = {}               # event handle -> host perf_counter_ns when "reached", or None
 
     # ---- device and context
     def cuInit(self, flags): return (OK,)
@@ -208,6 +212,32 @@ class FakeDriver:
         if value > self.shared_optin:
             return (CUresult.CUDA_ERROR_INVALID_VALUE,)
         self.shared_opt_ins[f] = value
+        return (OK,)
+
+    # ---- timing events: "device time" is host time here (the fake runs work as it is enqueued)
+    def cuEventCreate(self, flags):
+        handle = max(self.events, default=0) + 1
+        self.events[handle] = None
+        return (OK, handle)
+
+    def cuEventRecord(self, event, stream):
+        if event not in self.events:
+            return (CUresult.CUDA_ERROR_INVALID_HANDLE,)
+        return self._op(lambda: self.events.__setitem__(event, time.perf_counter_ns()))
+
+    def cuEventSynchronize(self, event):
+        if self.busy:
+            raise AssertionError("fake device: cuEventSynchronize on a hung stream never returns")
+        return (self.sticky_error or OK,)
+
+    def cuEventElapsedTime(self, start, end):
+        t0, t1 = self.events.get(start), self.events.get(end)
+        if t0 is None or t1 is None:
+            return (CUresult.CUDA_ERROR_INVALID_HANDLE, None)
+        return (OK, (t1 - t0) / 1e6)
+
+    def cuEventDestroy(self, event):
+        self.events.pop(event, None)
         return (OK,)
 
     # ---- launches and graphs

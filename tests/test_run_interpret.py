@@ -1,8 +1,9 @@
 """End to end from the command line: tiny profile, interpret backend, no GPU (issue 8).
 
 One module-scoped complete run is shared by several checks (the interpreter is slow on 2 cores):
-a second complete run in another directory must be bit-identical to it (`coppelius diff`), and an
-interrupted run continued by a fresh process must reproduce its overlapping loss windows exactly.
+a second complete run in another directory must be bit-identical to it (`coppelius diff`), so must
+the committed golden (tests/golden/), and an interrupted run continued by a fresh process must
+reproduce its overlapping loss windows exactly.
 """
 import os
 import signal
@@ -64,6 +65,18 @@ def test_two_runs_are_bit_identical(complete, tmp_path):
     r = cli("diff", d / "result.bin", tmp_path / "result.bin")
     assert r.returncode == 0, r.stdout[-3000:]
     assert (d / "tiny.ckpt").read_bytes() == (tmp_path / "tiny.ckpt").read_bytes()
+
+
+def test_the_complete_run_reproduces_the_golden(complete):
+    """tests/golden/tiny-result-c0.bin (tools/make_golden.py) bit for bit, time and environment
+    fields apart: the interpret backend's regression golden, which the device check also holds a
+    cuda tiny run against (`diff --across-backends`)."""
+    d, _ = complete
+    golden = Path(__file__).resolve().parent / "golden" / "tiny-result-c0.bin"
+    r = cli("diff", golden, d / "result.bin")
+    assert r.returncode == 0, (r.stdout[-3000:] + "\nthe stream, kernels or launch lists changed: "
+                               "if on purpose, regenerate with `PYTHONPATH=$PWD .venv/bin/python "
+                               "tools/make_golden.py` and commit tests/golden/")
 
 
 def test_sigterm_then_continue_reproduces_the_overlap(complete, tmp_path):

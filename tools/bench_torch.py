@@ -1,13 +1,25 @@
-"""Side-by-side benchmark: Coppelius against the same model and learner in PyTorch, same GPU, same run.
+"""Side by side: Coppelius against the same model and learner in PyTorch, on the same device.
 
-PyTorch variants: eager, torch.compile, and torch.compile with CUDA graphs ("reduce-overhead").
-All start from the same initial weights (the fresh initialization of SPEC §4, or a checkpoint), train
-on the same contexts with the same AdamW, and report ms/step p50, tokens/s, ratio to Coppelius and the
-agreement of the first steps' losses.
+Same initial weights (the fresh initialization of SPEC §4), the same contexts (the token cache's
+first steps), the same AdamW (torch's fused AdamW with the profile's hyper-parameters), bf16
+operands with fp32 accumulation.  Variants: `eager`, `reduce-overhead` (torch.compile with CUDA
+graphs) and `default` (torch.compile's default mode).
 
-  python tools/bench_torch.py --profile coppelius --steps 200               # on a GPU machine
-  python tools/bench_torch.py --profile tiny --steps 3 --backend interpret \
-      --device cpu --variants eager                                         # CPU dry run of the logic
+Timed the same way on both sides, after `--warmup` steps, as medians:
+  fence to fence — host time between two consecutive steps' completions (Coppelius: host_fence_ns
+      of consecutive updates in the result's timestamp table; torch: perf_counter after
+      torch.cuda.synchronize() following each step);
+  device — events around each step (Coppelius: its pre-launch and final releases' globaltimer
+      stamps; torch: a torch.cuda.Event pair), on a GPU only.
+The ratio is torch over Coppelius.  A compiled variant's compile time is reported apart: its
+warm-up steps' wall time beyond `warmup` steady steps.  Loss agreement: max |Δ mean ce| over the
+first `--agree-steps` steps.
+
+  python3 tools/bench_torch.py --result RUN.bin --steps 200 --json bench.json      # on a GPU
+  python tools/bench_torch.py --result tests/golden/tiny-result-c0.bin --device cpu \
+      --steps 4 --warmup 1 --variants eager                                        # on the CPU
+
+Without `--result` the Coppelius side is run here first (`--backend`, `--profile`, `--steps`).
 """
 from __future__ import annotations
 
@@ -25,6 +37,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from plan import profiles, reference  # noqa: E402
 
+VARIANTS = {"eager": None, "reduce-overhead": "reduce-overhead", "default": "default"}
+AGREE_ATOL = 1e-2       # max |Δ mean ce| over the first steps: same model, different rounding points
+TIMING = ("fence to fence: host time between consecutive step completions (Coppelius: host_fence_ns "
+          "of consecutive updates; torch: perf_counter after torch.cuda.synchronize()); device: "
+          "events around each step (Coppelius: pre-launch and final release globaltimer stamps; "
+          "torch: torch.cuda.Event pairs)")
+
 
 def build_torch_model(torch, profile, P: np.ndarray, device: str):
     """Parameters as leaf tensors named like the P plane; a functional forward returning ce rows."""
@@ -37,7 +56,6 @@ def build_torch_model(torch, profile, P: np.ndarray, device: str):
     cos = torch.from_numpy(np.concatenate([cos, cos], 1)).to(device)      # (T, d)
     sin = torch.from_numpy(np.concatenate([sin, sin], 1)).to(device)      # (T, d)
     H, G, d, T = profile.heads, profile.kv_heads, profile.head_dim, profile.context
-    use_bf16 = device != "cpu"
 
     def rms(x):
         return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-6)
@@ -46,10 +64,8 @@ def build_torch_model(torch, profile, P: np.ndarray, device: str):
         x1, x2 = x[..., : d // 2], x[..., d // 2:]
         return x * cos + torch.cat([-x2, x1], -1) * sin
 
-    def mm(a, w):
-        if use_bf16:
-            return (a.to(torch.bfloat16) @ w.to(torch.bfloat16).t()).float()
-        return a @ w.t()
+    def mm(a, w):                          # bf16 operands, fp32 accumulation and result
+        return (a.to(torch.bfloat16) @ w.to(torch.bfloat16).t()).float()
 
     def forward(inputs, targets):
         x = rms(F.embedding(inputs, params["embed"])) * params["g_embed"]
@@ -62,8 +78,8 @@ def build_torch_model(torch, profile, P: np.ndarray, device: str):
             q, k = rot(q), rot(k)
             k = k.repeat_interleave(H // G, 0)
             v = v.repeat_interleave(H // G, 0)
-            dt = torch.bfloat16 if use_bf16 else torch.float32
-            o = F.scaled_dot_product_attention(q.to(dt)[None], k.to(dt)[None], v.to(dt)[None],
+            bf = torch.bfloat16
+            o = F.scaled_dot_product_attention(q.to(bf)[None], k.to(bf)[None], v.to(bf)[None],
                                                is_causal=True)[0].float()
             x = x + mm(o.transpose(0, 1).reshape(T, H * d), p("wo"))
             h = rms(x)
@@ -85,7 +101,13 @@ def make_optimizer(torch, profile, params, device):
                               {"params": plain, "weight_decay": 0.0}], **kw)
 
 
-def bench_torch_variant(torch, variant, profile, P0, contexts, device, warmup):
+def _p50(xs) -> float | None:
+    return float(statistics.median(xs)) if len(xs) else None
+
+
+def bench_torch_variant(torch, variant, profile, P0, contexts, device, warmup, agree_steps,
+                        compile_backend="inductor"):
+    """-> {losses (first agree_steps), fence_ms, device_ms (per timed step), compile_s, ...}."""
     params, forward = build_torch_model(torch, profile, P0, device)
     opt = make_optimizer(torch, profile, params, device)
 
@@ -96,57 +118,99 @@ def bench_torch_variant(torch, variant, profile, P0, contexts, device, warmup):
         opt.step()
         return ce.detach()
 
-    if variant == "compile":
-        step = torch.compile(step)
-    elif variant == "compile+cudagraphs":
-        step = torch.compile(step, mode="reduce-overhead")
-    sync = torch.cuda.synchronize if device != "cpu" else (lambda: None)
-    losses, times = [], []
-    # warm-up steps train too: they come first and are counted in the loss agreement
+    mode = VARIANTS[variant]
+    if mode is not None:
+        # `mode` configures inductor; another backend (the CPU dry run's aot_eager) takes none
+        kw = {"mode": mode} if compile_backend == "inductor" else {}
+        step = torch.compile(step, backend=compile_backend, **kw)
+    cuda = device != "cpu"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    losses, walls, fence, dev = [], [], [], []
+    sync()
+    last = time.perf_counter()
     for i, (inp, tgt) in enumerate(contexts):
         inp_t = torch.from_numpy(inp.astype(np.int64)).to(device)
         tgt_t = torch.from_numpy(tgt.astype(np.int64)).to(device)
-        sync()
-        t = time.perf_counter()
+        if cuda:
+            ev = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            ev[0].record()
         ce = step(inp_t, tgt_t)
+        if cuda:
+            ev[1].record()
         sync()
-        dt = time.perf_counter() - t
-        losses.append(float(ce.double().mean()))
+        now = time.perf_counter()
+        walls.append(now - last)
         if i >= warmup:
-            times.append(dt)
-    return losses, times
+            fence.append((now - last) * 1e3)
+            if cuda:
+                dev.append(ev[0].elapsed_time(ev[1]))
+        if i < agree_steps:             # read back inside the warm-up: not in the timed steps
+            losses.append(float(ce.double().mean()))
+        last = time.perf_counter() if i < agree_steps else now
+    p50 = _p50(fence)
+    compile_s = None
+    if mode is not None and p50 is not None:
+        compile_s = max(0.0, sum(walls[:warmup]) - warmup * p50 / 1e3)
+    return {"losses": losses, "fence_ms": fence, "device_ms": dev, "ms_p50": p50,
+            "device_ms_p50": _p50(dev), "compile_s": compile_s, "first_step_s": walls[0]}
 
 
-def bench_coppelius(profile, tokens, steps, backend, workdir: Path):
+def coppelius_figures(result: Path, warmup: int, steps: int) -> dict:
+    """The Coppelius side from a result file: per-step losses and the timestamp table's times."""
     from host.result_file import read
+    rf = read(result)
+    if int(rf.status["c0"]) != 0:
+        raise SystemExit(f"{result}: continued from update {int(rf.status['c0'])}; the side by "
+                         "side starts from the fresh initialization (c0 = 0)")
+    if rf.steps < steps:
+        raise SystemExit(f"{result}: {rf.steps} steps, {steps} asked")
+    u = rf.update_entries()[:steps]
+    device_ms = (u["device_final_ns"].astype(np.int64) - u["device_prelaunch_ns"].astype(np.int64)) / 1e6
+    fence_ms = np.diff(u["host_fence_ns"].astype(np.int64)) / 1e6       # (steps-1,) fence i-1 → i
+    from staging import records as R
+    return {"profile": rf.profile.name, "backend": R.BACKENDS.get(int(rf.status["backend"]), "?"),
+            "losses": [float(x) for x in rf.step_losses()[:steps]],
+            "ms_p50": _p50(fence_ms[max(warmup - 1, 0):]),
+            "device_ms_p50": _p50(device_ms[warmup:]), "source": str(result)}
+
+
+def run_coppelius(profile, tokens, steps, backend, workdir: Path) -> Path:
     from host.run import Request, run
     ckpt = workdir / "bench.ckpt"
     ckpt.write_bytes(b"")
     result = workdir / "bench-result.bin"
-    t = time.perf_counter()
-    summary = run(Request(profile=profile, tokens=tokens, checkpoint=ckpt, result=result,
-                          backend=backend, steps=steps, directory=workdir))
-    wall = time.perf_counter() - t
-    rf = read(result)
-    ts = rf.timestamps
-    upd = ts[ts["submission"] == 1]
-    device_ms = (upd["device_final_ns"].astype(np.int64) - upd["device_prelaunch_ns"].astype(np.int64)) / 1e6
-    fence_ms = np.diff(upd["host_fence_ns"].astype(np.int64)) / 1e6
-    return summary, device_ms, fence_ms, wall
+    run(Request(profile=profile, tokens=tokens, checkpoint=ckpt, result=result, backend=backend,
+                steps=steps, directory=workdir))
+    return result
+
+
+def _ratio(a, b):
+    return None if a is None or b is None or b == 0 else a / b
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--profile", default="coppelius")
+    ap.add_argument("--result", type=Path, help="a finished Coppelius run from the fresh "
+                    "initialization on the embedded stream (default: run one here)")
+    ap.add_argument("--profile", default="coppelius", help="without --result: what to run")
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--warmup", type=int, default=10, help="steps excluded from the timing")
     ap.add_argument("--tokens", type=Path, help="token cache (default: the embedded stream)")
+    ap.add_argument("--directory", type=Path, help="where the embedded stream is cached "
+                    "(default: a temporary directory)")
     ap.add_argument("--backend", default="cuda", choices=["cuda", "interpret"])
     ap.add_argument("--device", default="cuda", help="torch device (cuda or cpu)")
-    ap.add_argument("--variants", default="eager,compile,compile+cudagraphs")
+    ap.add_argument("--variants", default="eager,reduce-overhead",
+                    help=f"comma-separated, of {', '.join(VARIANTS)}")
+    ap.add_argument("--compile-backend", default="inductor",
+                    help="torch.compile backend (the CPU dry run uses aot_eager: no C compiler)")
     ap.add_argument("--agree-steps", type=int, default=5, help="steps whose losses are compared")
     ap.add_argument("--json", type=Path, help="write the figures here too")
     args = ap.parse_args(argv)
+    variants = [v for v in args.variants.split(",") if v]
+    for v in variants:
+        if v not in VARIANTS:
+            ap.error(f"unknown variant {v!r}: one of {', '.join(VARIANTS)}")
 
     import torch
     from rich.console import Console
@@ -155,49 +219,65 @@ def main(argv=None) -> int:
     from staging.tokens import TokenCache
 
     console = Console()
-    profile = profiles.get(args.profile)
-    steps = min(args.steps, profile.steps)
-    warmup = min(args.warmup, max(steps - 1, 0))
     with tempfile.TemporaryDirectory(prefix="coppelius-bench-") as tmp:
         workdir = Path(tmp)
-        tokens = args.tokens or synthetic.ensure_default_stream(profile, Path(synthetic.DEFAULT_DIRECTORY))
+        if args.result is not None:
+            from host.result_file import read
+            profile = profiles.get(read(args.result).profile.name)
+        else:
+            profile = profiles.get(args.profile)
+        steps = min(args.steps, profile.steps)
+        warmup = min(args.warmup, max(steps - 1, 0))
+        agree = min(args.agree_steps, steps)
+        tokens = args.tokens or synthetic.ensure_default_stream(profile, args.directory or workdir)
         cache = TokenCache.open(tokens, profile)
         cache.validate_run(0, steps)
         contexts = [tuple(np.asarray(a) for a in cache.context(c)) for c in range(steps)]
-
-        summary, device_ms, fence_ms, wall = bench_coppelius(profile, tokens, steps, args.backend,
-                                                             workdir)
-        cop_losses = summary.losses
-        timed = device_ms[warmup:] if len(device_ms) > warmup else device_ms
-        cop_p50 = float(np.median(fence_ms[warmup:])) if len(fence_ms) > warmup else float(np.median(timed))
-        rows = [("coppelius (" + args.backend + ")", cop_p50, float(np.median(timed)))]
-        P0 = reference.init_parameters(profile)
-        agreement = {}
-        for variant in [v for v in args.variants.split(",") if v]:
-            losses, times = bench_torch_variant(torch, variant, profile, P0, contexts,
-                                                args.device, warmup)
-            rows.append((f"torch {variant} ({args.device})", statistics.median(times) * 1e3, None))
-            k = min(args.agree_steps, len(losses), len(cop_losses))
-            agreement[variant] = max(abs(a - b) for a, b in zip(losses[:k], cop_losses[:k]))
+        result = args.result or run_coppelius(profile, tokens, steps, args.backend, workdir)
+        cop = coppelius_figures(result, warmup, steps)
+    P0 = reference.init_parameters(profile)
+    rows = [{"what": f"coppelius ({cop['backend']})", "variant": "coppelius",
+             "ms_p50": cop["ms_p50"], "device_ms_p50": cop["device_ms_p50"], "ratio": 1.0,
+             "device_ratio": 1.0 if cop["device_ms_p50"] else None, "compile_s": None}]
+    agreement = {}
+    for variant in variants:
+        t = bench_torch_variant(torch, variant, profile, P0, contexts, args.device, warmup, agree,
+                                args.compile_backend)
+        k = min(len(t["losses"]), len(cop["losses"]))
+        agreement[variant] = max(abs(a - b) for a, b in zip(t["losses"][:k], cop["losses"][:k]))
+        device_p50 = t["device_ms_p50"] if args.device != "cpu" else None
+        rows.append({"what": f"torch {variant} ({args.device})", "variant": variant,
+                     "ms_p50": t["ms_p50"], "device_ms_p50": device_p50,
+                     "ratio": _ratio(t["ms_p50"], cop["ms_p50"]),
+                     "device_ratio": _ratio(device_p50, cop["device_ms_p50"]),
+                     "compile_s": t["compile_s"], "first_step_s": t["first_step_s"],
+                     "agreement": agreement[variant], "losses": t["losses"]})
 
     T = profile.context
     table = Table(title=f"{profile.name}: {steps} steps, p50 after {warmup} warm-up steps")
-    for col in ("what", "ms/step p50 (host, fence to fence)", "device ms/step p50", "tokens/s",
-                "ratio to coppelius"):
+    for col in ("what", "ms f2f p50", "ms device p50", "tokens/s", "ratio", "compile s",
+                "|Δ loss|"):
         table.add_column(col, justify="right")
-    for name, ms, dev in rows:
-        table.add_row(name, f"{ms:.3f}", "—" if dev is None else f"{dev:.3f}",
-                      f"{T / (ms / 1e3):,.0f}", f"{ms / rows[0][1]:.2f}×")
+
+    def f(x, spec):
+        return "—" if x is None else format(x, spec)
+    for r in rows:
+        table.add_row(r["what"], f(r["ms_p50"], ".3f"), f(r["device_ms_p50"], ".3f"),
+                      f(T / (r["ms_p50"] / 1e3) if r["ms_p50"] else None, ",.0f"),
+                      f(r["ratio"], ".2f"), f(r["compile_s"], ".1f"), f(r.get("agreement"), ".1e"))
     console.print(table)
-    for variant, d in agreement.items():
-        console.print(f"loss agreement, first {args.agree_steps} steps, torch {variant}: "
-                      f"max |Δ mean ce| = {d:.2e}")
+    console.print(f"timing — {TIMING}")
+    worst = max(agreement.values(), default=0.0)
+    console.print(f"loss agreement over the first {agree} steps: max |Δ mean ce| = {worst:.2e} "
+                  f"(bound {AGREE_ATOL:g})")
     if args.json:
         args.json.write_text(json.dumps({
-            "profile": profile.name, "steps": steps, "warmup": warmup,
-            "rows": [{"what": n, "ms_p50": m, "device_ms_p50": d} for n, m, d in rows],
-            "agreement": agreement, "coppelius_losses": cop_losses[:args.agree_steps]}, indent=1))
-    return 0
+            "profile": profile.name, "steps": steps, "warmup": warmup, "device": args.device,
+            "compile_backend": args.compile_backend, "timing": TIMING, "coppelius": cop,
+            "rows": rows, "agreement": agreement, "agree_steps": agree,
+            "agreement_atol": AGREE_ATOL,
+            "torch": torch.__version__}, indent=1))
+    return 0 if worst <= AGREE_ATOL else 1
 
 
 if __name__ == "__main__":

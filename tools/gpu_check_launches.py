@@ -1,0 +1,157 @@
+"""Per-launch device time of the update submission on the cuda backend, beside the H200 cost model.
+
+  python3 tools/gpu_check_launches.py --profile coppelius [--checkpoint CKPT] --repeats 30 \
+      --json per_launch.json --summary summary.json [--table table.md]
+
+Opens the cuda backend as a run does, loads the payload (CKPT, or the fresh initialization), runs
+one forward and one update through the ring (the run's own protocol), then replays the update's
+launch list outside its graph with an event between launches (`CudaBackend.time_submission`).
+
+`--json` is the list `tools/build_ptx.py --report --measured FILE` reads: one {label, kernel, us}
+per launch (us: the median over the repeats), with the prediction beside it.  The predictions are
+computed here, from the registers the driver reports for each loaded function: those are the
+registers the timed code runs with, the device image may have no ptxas (or another version than
+the driver's JIT), and a committed prediction file would go stale whenever the kernels change.
+Any launch list the plan builds is timed: no label or count is assumed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+for _p in (ROOT, ROOT / "tools"):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
+
+from host import checkpoint as ckpt_mod  # noqa: E402
+from host.backend_cuda import CudaBackend  # noqa: E402
+from host.ring import Ring  # noqa: E402
+from plan import profiles, reference  # noqa: E402
+from staging import layout as L  # noqa: E402
+from staging import synthetic  # noqa: E402
+from staging.tokens import TokenCache  # noqa: E402
+
+TOP_N = 12              # launches shown in the summary's table, the longest measured first
+
+
+def load_payload(backend, profile, checkpoint: Path | None) -> int:
+    """The payload onto the device as a run loads it; returns its update count (c0)."""
+    if checkpoint is None:
+        backend.upload_payload(reference.init_parameters(profile).view(np.uint8))
+        return 0
+    with ckpt_mod.open_input(checkpoint, profile) as inp:
+        if inp.fresh:
+            backend.upload_payload(reference.init_parameters(profile).view(np.uint8))
+            return 0
+        inp.load_chunks(lambda off, view: backend.upload_chunk(off, len(view)),
+                        transfer=backend.staging.transfer)
+        return inp.update_count
+
+
+def predictions(profile, backend) -> tuple[dict, str | None]:
+    """label -> the cost model's LaunchCost, from the driver-reported registers; or ({}, why)."""
+    try:
+        import cost_model
+        stats = {key: cost_model.KernelStats(regs=k.attributes.registers, shared=k.shared,
+                                             threads=k.threads, spill=sum(k.spills or (0, 0)))
+                 for key, k in backend.kernels.items()}
+        return {c.label: c for c in cost_model.model(profile, "update", stats)}, None
+    except Exception as e:      # a kernel family the model does not know yet: measure anyway
+        return {}, f"{type(e).__name__}: {e}"
+
+
+def measure(profile, checkpoint: Path | None, repeats: int, directory: Path):
+    tokens = synthetic.ensure_default_stream(profile, directory)
+    cache = TokenCache.open(tokens, profile)
+    with CudaBackend(profile) as backend:
+        c0 = load_payload(backend, profile, checkpoint)
+        cache.validate_run(c0, 1)
+        backend.instantiate(t_base=c0 - 1)
+        ring = Ring(backend, capacity=2)
+        cache.write_input_record(backend.staging, c0)
+        ring.run(L.SUBMISSION_FORWARD, c0, None)        # w16 and every buffer a valid state
+        ring.run(L.SUBMISSION_UPDATE, c0, 0)
+        timing = backend.time_submission(L.SUBMISSION_UPDATE, repeats)
+        costs, why = predictions(profile, backend)
+        info = backend.device()
+    return timing, costs, why, info, c0
+
+
+def _r(x) -> float:
+    return round(float(x), 3)
+
+
+def tables(timing, costs: dict):
+    """(per-launch rows for --json, summary dict)."""
+    per = np.asarray(timing.launch_us, np.float64)                  # (repeats, launches)
+    med = np.median(per, axis=0)
+    rows = []
+    for i, (label, kernel) in enumerate(zip(timing.labels, timing.kernels)):
+        row = {"label": label, "kernel": kernel, "us": _r(med[i]),
+               "us_min": _r(per[:, i].min()), "us_max": _r(per[:, i].max())}
+        c = costs.get(label)
+        if c is not None:
+            row.update(predicted_us={s: _r(x) for s, x in c.us.items()},
+                       binding=c.binding["central"], ratio_central=_r(med[i] / c.us["central"]))
+        rows.append(row)
+    graph = statistics.median(timing.graph_us)
+    summed = float(med.sum())
+    predicted = {s: _r(sum(c.us[s] for c in costs.values()))
+                 for s in ("optimistic", "central", "pessimistic")} if costs else None
+    top = sorted(rows, key=lambda r: -r["us"])[:TOP_N]
+    summary = {"launches": len(rows), "repeats": len(timing.graph_us), "lead_replays": timing.lead,
+               "sum_of_launches_us": _r(summed), "graph_us_p50": _r(graph),
+               "graph_us_min": _r(min(timing.graph_us)),
+               "graph_over_sum": _r(graph / summed) if summed else None,
+               "enqueue_us_p50": _r(statistics.median(timing.enqueue_us)),
+               "lead_us_p50": _r(statistics.median(timing.lead_us)),
+               "starved_repeats": timing.starved, "predicted_update_us": predicted,
+               "top": [{k: r.get(k) for k in ("label", "kernel", "us", "predicted_us", "binding",
+                                                "ratio_central")} for r in top]}
+    return rows, summary
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--profile", default="coppelius", choices=profiles.names())
+    ap.add_argument("--checkpoint", type=Path, help="payload to time with (default: fresh init)")
+    ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--directory", type=Path, default=Path(synthetic.DEFAULT_DIRECTORY),
+                    help="where the embedded stream is cached")
+    ap.add_argument("--json", type=Path, required=True, help="per-launch list ({label, kernel, us})")
+    ap.add_argument("--summary", type=Path, help="totals, graph vs launches, the longest launches")
+    ap.add_argument("--table", type=Path, help="the cost model's model-vs-measured table (markdown)")
+    a = ap.parse_args(argv)
+    profile = profiles.get(a.profile)
+    timing, costs, why, info, c0 = measure(profile, a.checkpoint, a.repeats, a.directory)
+    rows, summary = tables(timing, costs)
+    summary.update(profile=profile.name, target=info.target, device=info.name, c0=c0,
+                   registers="driver (cuFuncGetAttribute NUM_REGS of the loaded functions)",
+                   predictions_unavailable=why)
+    a.json.write_text(json.dumps(rows, indent=1))
+    if costs:
+        import cost_model
+        text = cost_model.compare(list(costs.values()), cost_model.read_measured(a.json))
+    else:
+        text = f"no predictions: {why}"
+    if a.table:
+        a.table.write_text(text + "\n")
+    if a.summary:
+        a.summary.write_text(json.dumps(summary, indent=1))
+    print(f"{profile.name} update, {len(rows)} launches on {info.name} ({info.target}), "
+          f"{summary['repeats']} repeats: sum of launches {summary['sum_of_launches_us']:.1f} µs, "
+          f"graph replay {summary['graph_us_p50']:.1f} µs (p50), {summary['starved_repeats']} "
+          "starved repeats")
+    if summary["predicted_update_us"]:
+        print(f"cost model (driver registers), central: {summary['predicted_update_us']['central']:.1f} µs")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
