@@ -202,10 +202,80 @@ def test_json_schema_and_totals():
             assert e["bounds_us"][bind][s] == max(v[s] for v in e["bounds_us"].values())
             _close(e["us"][s], e["bounds_us"][bind][s] + cm.LAUNCH[s] * US, f"{e['label']} {s}")
     for s in cm.SCENARIOS:
-        _close(j["update_us"][s], sum(e["us"][s] for e in j["per_launch"]), f"total {s}")
-        _close(sum(b["us"][s] for b in j["buckets"]), j["update_us"][s], f"buckets {s}")
-        _close(sum(j["where_us"][s].values()), j["update_us"][s], f"where {s}")
+        _close(j["serial_sum_us"][s], sum(e["us"][s] for e in j["per_launch"]), f"total {s}")
+        _close(sum(b["us"][s] for b in j["buckets"]), j["serial_sum_us"][s], f"buckets {s}")
+        _close(sum(j["where_us"][s].values()), j["serial_sum_us"][s], f"where {s}")
+        # the graph on two lanes: no faster than either lane's launches alone, back to back (a
+        # shared chip slows, never speeds), and here faster than all of them in one chain
+        lane = j["lanes"][s]
+        _close(j["update_us"][s], lane["graph_us"], f"graph {s}")
+        _close(lane["main_lane_alone_us"] + lane["side_lane_alone_us"], j["serial_sum_us"][s],
+               f"lanes {s}")
+        assert max(lane["main_lane_alone_us"], lane["side_lane_alone_us"]) <= lane["graph_us"]
+        assert lane["graph_us"] < j["serial_sum_us"][s] and lane["both_working_us"] > 0
     assert set(j["inputs"]) == set(cm.INPUTS) and all(v["source"] for v in j["inputs"].values())
+
+
+def _two_lane_submission(main_label: str, side_label: str):
+    """stage-in → main launch, stage-in → side launch, both → release: one main launch and one
+    side launch that may run together."""
+    import dataclasses
+    from plan.launch_graph import dependencies
+    first, last = UPDATE["prelaunch_release+stage_in"], UPDATE["final_release"]
+    main = dataclasses.replace(UPDATE[main_label], after=())
+    side = dataclasses.replace(UPDATE[side_label], after=(first.label,))
+    lst = (first, main, side, dataclasses.replace(last, after=(side.label,)))
+    return launches.Submission(1, "update", lst, dependencies(lst))
+
+
+@pytest.mark.parametrize("main_label,shares", [("layers.8.mlp_backward.norm", "hbm"),
+                                               ("layers.8.mlp_backward.dh", "sms")])
+def test_two_lanes_share_sms_and_bandwidth(main_label, shares):
+    """tools/cost_lanes.py by hand on a four-launch graph: the stage-in; an HBM-bound main-lane
+    launch (layer 8's MLP norm backward: the HBM share binds) or an SM-bound one (its dh product:
+    fewer SMs bind) beside the head's weight gradient on the side lane (64 programs: 64 SMs
+    held); the release after both.  While both work, the norm backward is
+    costed on 132 − 64 SMs and both slow by one factor when their HBM asks exceed the bandwidth;
+    once the norm backward is done, the dW launch runs at its own rate."""
+    import cost_lanes
+    sub = _two_lane_submission(main_label, "head_backward.dW+adamw")
+    dw = sub.launches[2].kernel               # 248 registers × 256 threads: 1 block per SM
+    stats = fake_stats(PROD) | {dw: cm.KernelStats(248, 98304, 256)}
+    bufs = buffers(PROD)
+    costs = [cm.cost(x, bufs, stats) for x in sub.launches]
+    jobs = [cost_lanes._Launch(x, c, bufs) for x, c in zip(sub.launches, costs)]
+    s, L = "central", cm.LAUNCH["central"]
+    assert jobs[2].held == 64
+    t0 = costs[0].us[s] / US                         # the stage-in, alone
+    dm, ds = jobs[1].duration(s, 132 - 64), jobs[2].duration(s, 132)
+    hbm = jobs[1].work.hbm_bytes / dm + jobs[2].work.hbm_bytes / ds
+    l2 = costs[1].l2_bytes / dm + costs[2].l2_bytes / ds
+    slow = min(1.0, cm.HBM_BW[s] / hbm, cm.L2_BW[s] / l2)
+    if shares == "hbm":
+        assert slow < 1 and cm.HBM_BW[s] / hbm == slow
+    else:
+        assert dm > 1.2 * jobs[1].duration(s, 132)
+    # both start after the stage-in with their launch cost; the main launch finishes first at
+    # the shared rate, the dW launch's remaining fraction then runs alone
+    main_end = t0 + L + dm / slow
+    assert main_end < t0 + L + ds
+    side_left = 1 - (dm / slow) * slow / ds
+    side_end = main_end + side_left * ds
+    want = side_end + costs[3].us[s] / US
+    r = cost_lanes.schedule(sub, costs, bufs, s)
+    _close(r.end_s[1], main_end, "main launch end")
+    _close(r.end_s[2], side_end, "side launch end")
+    _close(r.makespan_s, want, "makespan")
+    _close(r.both_working_s, dm / slow, "both working")
+
+
+def test_one_lane_is_the_serial_sum():
+    """With every launch on the main lane the schedule is the per-launch sum (forward list)."""
+    import cost_lanes
+    fwd = launches.submissions(PROD)[0]
+    costs = cm.model(PROD, "forward", fake_stats(PROD))
+    r = cost_lanes.schedule(fwd, costs, buffers(PROD), "central")
+    _close(r.makespan_s * US, sum(c.us["central"] for c in costs), "forward")
 
 
 def test_mapped_host_memory_is_counted_where_staging_is_read():

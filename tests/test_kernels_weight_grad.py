@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from kernels_support import (SAME_OPERANDS, assert_bitwise, assert_close, assert_unwritten,
-                             bf16_tensor, cdiv, f32, poisoned)
+                             assert_written, bf16_tensor, cdiv, f32, poisoned)
 
 import torch
 from plan import launch_builders, profiles
