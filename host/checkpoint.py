@@ -137,14 +137,6 @@ def _pread_exact(fd: int, buf: np.ndarray, offset: int) -> int:
     return got
 
 
-def _fsync_directory(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -262,7 +254,7 @@ def publish_chunks(path, profile, update_count: int, read_chunk: ReadChunk,
         os.replace(tmp, path)
         renamed = True
         stage = "syncing the directory"
-        _fsync_directory(os.path.dirname(os.path.abspath(path)))
+        paths.fsync_directory(os.path.dirname(os.path.abspath(path)), strict=True)
     except OSError as e:
         if renamed:
             state = "the new checkpoint is in place but may not be durable"
@@ -504,18 +496,11 @@ def lock(path, name=None):
     lock file is harmless and is never removed.  `name` is how a refusal calls the checkpoint
     (the user's spelling of a resolved path)."""
     lock_path = os.path.realpath(path) + LOCK_SUFFIX
-    try:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY
-                     | os.O_CLOEXEC, 0o666)
-    except OSError as e:
-        raise paths.os_refusal(e, "lock file", lock_path, "create", CheckpointLocked,
+    fd, _ = paths.open_regular(lock_path, "lock file", CheckpointLocked,
                                {errno.ENOENT: "the checkpoint's directory must exist and be "
-                                              "writable"}) from None
-    mode = os.fstat(fd).st_mode
-    if not stat_mod.S_ISREG(mode):
-        os.close(fd)
-        raise paths.not_regular("lock file", lock_path, mode, CheckpointLocked,
-                                "remove it; the run creates its lock file itself")
+                                              "writable",
+                                "not regular": "remove it; the run creates its lock file itself"},
+                               flags=os.O_RDWR | os.O_CREAT, action="create")
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

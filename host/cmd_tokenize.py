@@ -268,19 +268,5 @@ def _write(out, batch_list, jobs, tokenizer_path, eot, header, size, console, sh
             raise
         finally:
             signal.signal(signal.SIGTERM, previous)
-    _fsync_directory(out.parent)
+    paths.fsync_directory(out.parent)
     return n_tokens, latin1
-
-
-def _fsync_directory(path) -> None:
-    """Make the rename durable (where the OS lets a directory be opened)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import mmap
 import os
-import stat
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -111,12 +109,8 @@ class ResultWriter:
             raise paths.os_refusal(e, "result file", path, "create", ResultRefused,
                                    {errno.ENOENT: "create its directory first, or choose "
                                                   "another --result"}) from None
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            os.close(fd)
-            raise paths.not_regular("result file", path, mode, ResultRefused,
-                                    "name a new or regular file with --result")
-        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+        paths.regular_fd(fd, "result file", path, ResultRefused,
+                         "name a new or regular file with --result")
         return cls(fd, path, profile, created)
 
     def discard(self) -> None:
@@ -204,7 +198,7 @@ class ResultWriter:
                                    paths.HINTS.get(e.errno, "check the disk"), e.errno) from None
         finally:
             os.close(fd)
-        _fsync_dir(os.path.dirname(os.path.abspath(self.path)))
+        paths.fsync_directory(os.path.dirname(os.path.abspath(self.path)))
 
     def __enter__(self) -> "ResultWriter":
         return self
@@ -240,19 +234,6 @@ def _exact(data, size: int, what: str) -> memoryview:
     if len(view) != size:
         raise ValueError(f"result file: {what} is {len(view)} bytes, expected {size}")
     return view
-
-
-def _fsync_dir(directory: str) -> None:
-    try:
-        dfd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dfd)
-    except OSError:
-        pass    # some file systems refuse fsync on directories (EINVAL); the data is synced
-    finally:
-        os.close(dfd)
 
 
 # ------------------------------------------------------------------------------------------ reader

@@ -99,22 +99,30 @@ def not_regular(what: str, path, mode: int, cls=UserError, hint: str | None = No
 
 
 def open_regular(path, what: str, cls=UserError, hints: dict | None = None,
-                 flags: int = os.O_RDONLY) -> tuple[int, os.stat_result]:
-    """(fd, fstat) of `path` opened without blocking; anything but a regular file is refused.
-    `hints` maps errnos (and "not regular") to hints that say more than the defaults."""
+                 flags: int = os.O_RDONLY, mode: int = 0o666,
+                 action: str = "open") -> tuple[int, os.stat_result]:
+    """(fd, fstat) of `path` opened without blocking (`flags` may create it with `mode`; `action`
+    is how a refusal names the attempt); anything but a regular file is refused.  `hints` maps
+    errnos (and "not regular") to hints that say more than the defaults."""
     try:
-        fd = os.open(path, flags | _OPEN_FLAGS)
+        fd = os.open(path, flags | _OPEN_FLAGS, mode)
     except OSError as e:
-        raise os_refusal(e, what, path, "open", cls, hints) from None
+        raise os_refusal(e, what, path, action, cls, hints) from None
+    return fd, regular_fd(fd, what, path, cls, (hints or {}).get("not regular"))
+
+
+def regular_fd(fd: int, what: str, path, cls=UserError, hint: str | None = None) -> os.stat_result:
+    """fstat of an fd opened with O_NONBLOCK; anything but a regular file is refused (and the fd
+    closed), a regular one is switched back to blocking I/O."""
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise not_regular(what, path, st.st_mode, cls, (hints or {}).get("not regular"))
+            raise not_regular(what, path, st.st_mode, cls, hint)
         fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
     except BaseException:
         os.close(fd)
         raise
-    return fd, st
+    return st
 
 
 def read_regular(path, what: str, cls=UserError, hints: dict | None = None) -> bytes:
@@ -166,3 +174,23 @@ def check_output(path, what: str, *, overwrite: bool, exists_hint: str | None, c
                   "write to it", "name a new or regular file")
     if not overwrite:
         raise cls(f"{what} {path} exists", exists_hint)
+
+
+def fsync_directory(directory, strict: bool = False) -> None:
+    """Make a rename or create inside `directory` durable.  `strict` (the checkpoint: a
+    publication that may not be durable is not published) raises every failure; otherwise a
+    directory the OS will not open or fsync (some file systems refuse: EINVAL) is let go, the
+    file's own data being synced already."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        if strict:
+            raise
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        if strict:
+            raise
+    finally:
+        os.close(fd)

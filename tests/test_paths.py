@@ -294,3 +294,18 @@ def test_magic_bytes_are_escaped_once(tmp_path):
         C.read_header(tmp_path / "m.ckpt")
     assert r"magic differs: file 'CPLSCK\xd0T' expected 'CPLSCKPT'" in str(e.value)
     assert "\\\\" not in str(e.value)
+
+
+def test_fsync_directory_strict_raises_what_the_lenient_form_lets_go(tmp_path):
+    # the checkpoint (strict) must not call a publication durable that may not be; result files and
+    # token caches (lenient) let a directory the OS will not open or fsync go, their data synced
+    paths.fsync_directory(tmp_path)
+    paths.fsync_directory(tmp_path, strict=True)
+    missing = tmp_path / "gone"
+    paths.fsync_directory(missing)
+    with pytest.raises(FileNotFoundError):
+        paths.fsync_directory(missing, strict=True)
+    plain = tmp_path / "file"
+    plain.write_bytes(b"x")
+    with pytest.raises(NotADirectoryError):
+        paths.fsync_directory(plain, strict=True)
