@@ -200,19 +200,26 @@ class CudaBackend(Backend):
             g.close()
         self._graphs = []
         self._params = []                       # kept alive as long as the graphs
+        self._lane_streams(self.dev.stream)     # the side lane's stream, made before any capture
         for sub in self._submissions:
             launches = [self.packed(launch, t_base) + (launch.grid,) for launch in sub.launches]
             self._params.append(launches)
 
-            marks: list[drv.Event] = []
+            # one ordering event per launch another lane waits for, made before the capture
+            # (capture turns its record/wait into edges; the graph keeps no event)
+            lanes = [x.lane for x in sub.launches]
+            marks: dict[int, drv.Event] = {}
 
             def record(stream, launches=launches, sub=sub, marks=marks):
                 self._record_lanes(stream, sub, launches, marks)
 
             try:
+                for j in sorted({j for i, ds in enumerate(sub.deps) for j in ds
+                                 if lanes[j] != lanes[i]}):
+                    marks[j] = drv.Event(timing=False)
                 self._graphs.append(drv.Graph(self.dev, record))
-            finally:            # capture turned the events into edges: the graph keeps none
-                for e in marks:
+            finally:
+                for e in marks.values():
                     e.close()
 
     def _lane_streams(self, stream: drv.Stream) -> dict[int, drv.Stream]:
@@ -222,27 +229,21 @@ class CudaBackend(Backend):
             self._closers.append(self._side_stream)
         return {_launches.MAIN_LANE: stream, _launches.SIDE_LANE: self._side_stream}
 
-    def _record_lanes(self, stream: drv.Stream, sub, launches, marks: list) -> None:
+    def _record_lanes(self, stream: drv.Stream, sub, launches, marks: dict) -> None:
         """Enqueue a submission's launches during capture so that the graph has exactly the
         plan's edges (plan/launch_graph.py, `sub.deps`): each lane's launches in order on its own
-        stream; a cross-lane edge j → i is an event recorded on j's stream right after j and
-        waited on by i's stream just before i.  The final launch is on the main lane and waits
-        for the side lane's last launch, so the capture ends joined.  The events go into
-        `marks` (the caller closes them once the capture has ended)."""
+        stream; a cross-lane edge j → i is event marks[j] recorded on j's stream right after j
+        and waited on by i's stream just before i.  The final launch is on the main lane and
+        waits for the side lane's last launch, so the capture ends joined."""
         streams = self._lane_streams(stream)
-        lanes = [x.lane for x in sub.launches]
-        crossing = {j for i, ds in enumerate(sub.deps) for j in ds if lanes[j] != lanes[i]}
-        after: dict[int, drv.Event] = {}
         for i, (kernel, params, grid) in enumerate(launches):
-            on = streams[lanes[i]]
+            on = streams[sub.launches[i].lane]
             for j in sub.deps[i]:
-                if lanes[j] != lanes[i]:
-                    on.wait(after[j])
+                if j in marks and sub.launches[j].lane != sub.launches[i].lane:
+                    on.wait(marks[j])
             kernel.launch(on, grid, params)
-            if i in crossing:
-                after[i] = drv.Event(timing=False)
-                marks.append(after[i])
-                after[i].record(on)
+            if i in marks:
+                marks[i].record(on)
 
     def issue(self, submission: int) -> None:
         self._graphs[submission].launch()

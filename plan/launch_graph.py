@@ -119,11 +119,6 @@ def topological_order(launches, deps, prefer: int = MAIN_LANE) -> list[int]:
     return order
 
 
-def lane_launches(launches, lane: int) -> list[int]:
-    """Indices of the launches on `lane`, in list order."""
-    return [i for i, x in enumerate(launches) if x.lane == lane]
-
-
 def forked(launch: Launch, after: Launch, lane: int) -> Launch:
     """`launch` moved to `lane`, waiting for `after` (a launch of the other lane)."""
     return dataclasses.replace(launch, lane=lane, after=launch.after + (after.label,))
