@@ -107,6 +107,7 @@ class CudaBackend(Backend):
         self._graphs: list[drv.Graph] = []
         self._snapshot: drv.DeviceBuffer | None = None
         self._copy_stream: drv.Stream | None = None
+        self._side_stream: drv.Stream | None = None     # the side lane's stream during capture
         self.dev = device or drv.Device()
         self._closers.append(self.dev)
         self._abandoned: str | None = None
@@ -199,15 +200,50 @@ class CudaBackend(Backend):
             g.close()
         self._graphs = []
         self._params = []                       # kept alive as long as the graphs
+        self._lane_streams(self.dev.stream)     # the side lane's stream, made before any capture
         for sub in self._submissions:
             launches = [self.packed(launch, t_base) + (launch.grid,) for launch in sub.launches]
             self._params.append(launches)
 
-            def record(stream, launches=launches):
-                for kernel, params, grid in launches:
-                    kernel.launch(stream, grid, params)
+            # one ordering event per launch another lane waits for, made before the capture
+            # (capture turns its record/wait into edges; the graph keeps no event)
+            lanes = [x.lane for x in sub.launches]
+            marks: dict[int, drv.Event] = {}
 
-            self._graphs.append(drv.Graph(self.dev, record))
+            def record(stream, launches=launches, sub=sub, marks=marks):
+                self._record_lanes(stream, sub, launches, marks)
+
+            try:
+                for j in sorted({j for i, ds in enumerate(sub.deps) for j in ds
+                                 if lanes[j] != lanes[i]}):
+                    marks[j] = drv.Event(timing=False)
+                self._graphs.append(drv.Graph(self.dev, record))
+            finally:
+                for e in marks.values():
+                    e.close()
+
+    def _lane_streams(self, stream: drv.Stream) -> dict[int, drv.Stream]:
+        """The capturing stream for the main lane, a stream of our own for the side lane."""
+        if self._side_stream is None:
+            self._side_stream = drv.Stream()
+            self._closers.append(self._side_stream)
+        return {_launches.MAIN_LANE: stream, _launches.SIDE_LANE: self._side_stream}
+
+    def _record_lanes(self, stream: drv.Stream, sub, launches, marks: dict) -> None:
+        """Enqueue a submission's launches during capture so that the graph has exactly the
+        plan's edges (plan/launch_graph.py, `sub.deps`): each lane's launches in order on its own
+        stream; a cross-lane edge j → i is event marks[j] recorded on j's stream right after j
+        and waited on by i's stream just before i.  The final launch is on the main lane and
+        waits for the side lane's last launch, so the capture ends joined."""
+        streams = self._lane_streams(stream)
+        for i, (kernel, params, grid) in enumerate(launches):
+            on = streams[sub.launches[i].lane]
+            for j in sub.deps[i]:
+                if j in marks and sub.launches[j].lane != sub.launches[i].lane:
+                    on.wait(marks[j])
+            kernel.launch(on, grid, params)
+            if i in marks:
+                marks[i].record(on)
 
     def issue(self, submission: int) -> None:
         self._graphs[submission].launch()
@@ -277,7 +313,8 @@ class CudaBackend(Backend):
 
     def _drained(self, timeout_s: float) -> bool:
         """Wait up to timeout_s for every stream to go idle; a faulted stream runs nothing more."""
-        streams = [s for s in (self.dev.stream, self._copy_stream) if s is not None]
+        streams = [s for s in (self.dev.stream, self._copy_stream, self._side_stream)
+                   if s is not None]
         deadline = time.monotonic() + timeout_s
         while True:
             try:

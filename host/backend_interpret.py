@@ -10,6 +10,10 @@ make the interpreter disagree with the GPU:
   * fp32 → bf16 conversion truncates (even with rounding "rtne"); the GPU rounds to nearest even;
   * tl.dot on bf16 operands multiplies their raw uint16 bits.
 The repairs touch only the interpreter; kernels are never changed for it.
+A submission's launches run one at a time in a topological order of its dependency graph
+(plan/launch_graph.py): `prefer` picks which (SIDE_LANE: every side-lane launch as early as its
+edges allow, the list order; MAIN_LANE: as late); every valid order gives the same bits, which a
+test checks.
 """
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ import triton.language as tl                                # noqa: E402
 from triton.runtime import interpreter as _interp           # noqa: E402
 
 from plan import launches as _launches                      # noqa: E402
+from plan.launch_graph import topological_order             # noqa: E402
 from staging import layout as SL                            # noqa: E402
 from staging import records as _records                     # noqa: E402
 from staging.views import StagingViews, allocate_host       # noqa: E402
@@ -129,8 +134,11 @@ class InterpretBackend(Backend):
     name = "interpret"
     code = _records.BACKEND_INTERPRET
 
-    def __init__(self, profile):
+    def __init__(self, profile, prefer: int = _launches.SIDE_LANE):
         super().__init__(profile)
+        if prefer not in _launches.LANES:
+            raise ValueError(f"prefer = {prefer}: one of the lanes {_launches.LANES}")
+        self.prefer = prefer
         self._host = allocate_host()
         self.staging = StagingViews(self._host, profile)
         self._staging_bytes = torch.from_numpy(self._host)              # aliases staging
@@ -176,7 +184,8 @@ class InterpretBackend(Backend):
         plans = []
         for sub in self._submissions:
             steps = []
-            for launch in sub.launches:
+            for i in topological_order(sub.launches, sub.deps, self.prefer):
+                launch = sub.launches[i]
                 args = [self.resolve(a, t_base) for _, a in launch.args]
                 if launch.function in _launches.HAND_WRITTEN:
                     steps.append((None, launch.function, args, {}))

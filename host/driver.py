@@ -205,6 +205,11 @@ class Stream:
     def synchronize(self) -> None:
         check(cu().cuStreamSynchronize(self.handle), "cuStreamSynchronize")
 
+    def wait(self, event: "Event") -> None:
+        """Work enqueued on this stream from now on waits for `event`'s recorded work (during
+        stream capture: a graph edge from those nodes; a stream not yet capturing joins)."""
+        check(cu().cuStreamWaitEvent(self.handle, event.handle, 0), "cuStreamWaitEvent")
+
     def close(self) -> None:
         if self.handle is not None:
             release(cu().cuStreamDestroy(self.handle), "cuStreamDestroy")
@@ -212,11 +217,15 @@ class Stream:
 
 
 class Event:
-    """A timing event of the current context (`cuEventCreate` with CU_EVENT_DEFAULT: timing on)."""
+    """An event of the current context: a timing event (`cuEventCreate` with CU_EVENT_DEFAULT),
+    or with timing=False one that only orders work (CU_EVENT_DISABLE_TIMING: a graph's fork and
+    join edges during stream capture)."""
 
-    def __init__(self):
+    def __init__(self, timing: bool = True):
         d = cu()
-        self.handle = check(d.cuEventCreate(d.CUevent_flags.CU_EVENT_DEFAULT), "cuEventCreate")
+        F = d.CUevent_flags
+        flags = F.CU_EVENT_DEFAULT if timing else F.CU_EVENT_DISABLE_TIMING
+        self.handle = check(d.cuEventCreate(flags), "cuEventCreate")
 
     def record(self, stream: Stream) -> None:
         check(cu().cuEventRecord(self.handle, stream.handle), "cuEventRecord")
@@ -424,7 +433,8 @@ class Graph:
     """A submission captured once from the stream and instantiated: one launch per issue."""
 
     def __init__(self, device: Device, record):
-        """`record(stream)` enqueues the submission's launches on the capturing stream."""
+        """`record(stream)` enqueues the submission's launches on the capturing stream (and on
+        streams it forks from it with events, joined back before it returns)."""
         d = cu()
         self.device = device
         stream = device.stream

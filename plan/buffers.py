@@ -89,11 +89,16 @@ def buffers(profile) -> dict[str, BufferSpec]:
         BufferSpec("dn", "fp32", (tu.dn_splits, T, D), "gradient at a norm output (dhf, dh): "
                    "split-K partials, summed in order by the norm backward"),
         BufferSpec("dres", "fp32", (T, D), "residual-stream gradient"),
-        BufferSpec("dres16", "bf16", (2, T, D), "bf(residual-stream gradient), two slabs in turn"),
-        BufferSpec("dab16", "bf16", (T, 2 * F), "bf(da) | bf(db)"),
+        # the weight-gradient launches run on the side lane, after later backward launches of the
+        # main lane: what they read has a slab of its own (per norm site, per layer), never
+        # rewritten within an issue (tests/test_lane_hazards.py)
+        BufferSpec("dres16", "bf16", (S, T, D), "bf(residual-stream gradient) below each norm "
+                   "site, written by that site's norm backward"),
+        BufferSpec("dab16", "bf16", (L, T, 2 * F), "bf(da) | bf(db) per layer"),
         BufferSpec("do32", "fp32", (T, Hd), "gradient at the attention output"),
         BufferSpec("delta", "fp32", (H, T), "rowsum(do·o) per head"),
-        BufferSpec("dqkv16", "bf16", (T, W), "bf(dq|dk|dv), inverse rotary applied by the attention backward"),
+        BufferSpec("dqkv16", "bf16", (L, T, W), "bf(dq|dk|dv) per layer, inverse rotary applied "
+                   "by the attention backward"),
         BufferSpec("de", "fp32", (T, D), "gradient at the gathered embedding rows"),
         BufferSpec("next_row", "i32", (T,), "next row with the same input token (T if none), embed_fwd"),
         BufferSpec("staged", "u32", (STAGED_WORDS,), "the issue's input record and doorbell, "

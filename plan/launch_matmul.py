@@ -8,7 +8,7 @@ from __future__ import annotations
 from plan.kernels import meta
 from plan.launch_builders import learner_constexprs
 from plan.launch_refs import Context
-from plan.launch_types import BufferRef, Launch, RunScalar, cdiv, i32, next_pow2, triton_launch
+from plan.launch_types import BufferRef, Launch, RunScalar, cdiv, i32, triton_launch
 from plan.tuning import GROUP_M, choose_tile, ssq_parts
 
 MODULE = "plan.kernels.matmul"
@@ -99,16 +99,17 @@ def _adjacent_parameters(ctx: Context, first: str, M: int, N: int) -> None:
                          f"parameters of width {N}; hint: name the product's first parameter")
 
 
-def weight_grad(ctx: Context, *, products, dy, x, rstd, g, dx, dx16, dg, has_gain: bool,
-                accumulate: bool, label: str) -> Launch:
+def weight_grad(ctx: Context, *, products, label: str) -> Launch:
     """One launch: the weight gradients `products` — (dy16 (T, M), x16 (T, N), the first
     parameter's name, M, N) each, W (M, N) one or more adjacent parameters — with AdamW in their
-    epilogue (P/M/V and w16), then the rmsnorm backward of dy (its `dn_splits` partials) into
-    dx [+]= and dx16, and with has_gain the gain gradient dg.  Placed after the last launch that
-    reads the old bf16 weights."""
-    tu, T, D = ctx.tu, ctx.T, ctx.D
+    epilogue (P/M/V and w16).  At most `dw_programs` programs, each looping over the tiles
+    pid, pid + programs, …: the side lane takes at most that many SMs from the main lane
+    (tools/cost_model.py).  Placed after the last launch that reads the old bf16 weights."""
+    tu, T = ctx.tu, ctx.T
     if not 1 <= len(products) <= 2:
         raise ValueError(f"{label}: weight_grad runs one or two products, got {len(products)}")
+    if tu.dw_programs < 1:
+        raise ValueError(f"{label}: dw_programs = {tu.dw_programs}; hint: at least one program")
     bm, bn = tu.dw_tile
     args, dims, tiles = {}, {}, 0
     for j, (dy16, x16, name, M, N) in enumerate(products + products[:1] * (2 - len(products))):
@@ -118,20 +119,14 @@ def weight_grad(ctx: Context, *, products, dy, x, rstd, g, dx, dx16, dg, has_gai
         dims |= {f"M{j}": i32(M), f"N{j}": i32(N)}
         if j < len(products):
             tiles += cdiv(M, bm) * cdiv(N, bn)
-    cols = min(tu.gain_cols, next_pow2(D))
-    rows = tu.dw_rows or tu.rows
-    programs = tiles + cdiv(T, rows) + (cdiv(D, cols) if has_gain else 0)
-    args |= {"dy_ptr": dy, "x_ptr": x, "rstd_ptr": rstd, "g_ptr": g, "dx_ptr": dx, "dx16_ptr": dx16,
-             "dg_ptr": dg, "doorbell_ptr": ctx.doorbell(), "t_base": RunScalar("t_base", "i64")}
+    args |= {"doorbell_ptr": ctx.doorbell(), "t_base": RunScalar("t_base", "i64")}
     args |= dims | {"T": i32(T), "NPARAM": i32(ctx.N)}
     num_warps, num_stages = warps_stages(ctx, bm, bn)
-    return triton_launch("plan.kernels.weight_grad", "weight_grad", (programs,), args,
-                         {"PRODUCTS": len(products), "HAS_GAIN": has_gain, "ACCUMULATE": accumulate,
-                          "DY_PARTS": tu.dn_splits, "D": D, **learner_constexprs(ctx.p),
+    return triton_launch("plan.kernels.weight_grad", "weight_grad", (min(tiles, tu.dw_programs),),
+                         args,
+                         {"PRODUCTS": len(products), **learner_constexprs(ctx.p),
                           "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": tu.mm_block_k,
-                          "GROUP_M": GROUP_M,
-                          "BLOCK_R": rows, "BLOCK_D": next_pow2(D), "GAIN_ROWS": tu.gain_rows,
-                          "GAIN_COLS": cols},
+                          "GROUP_M": GROUP_M},
                          num_warps=num_warps, num_stages=num_stages, label=label)
 
 

@@ -111,6 +111,11 @@ class LayerRefs:
     lse: BufferRef              # log-sum-exp (H, T)
     ab: BufferRef               # gate | up pre-activations (T, 2F)
     z16: BufferRef              # bf(silu(a)·b) (T, F)
+    # the backward's per-layer gradients the side lane's weight-gradient launch reads
+    dab16: BufferRef            # bf(da) | bf(db) (T, 2F)
+    dqkv16: BufferRef           # bf(dq|dk|dv) after rotary_backward (T, W)
+    site_attn: int              # norm sites: 2l (attention), 2l+1 (MLP); 2l+2 is above the layer
+    site_mlp: int
 
     def label(self, stage: str) -> str:
         return self.prefix + stage
@@ -134,7 +139,9 @@ def layer_refs(ctx: Context, layer: int) -> LayerRefs:
         rstd_attn=ctx.rstd(s_attn), rstd_mlp=ctx.rstd(s_mlp),
         ssq_attn=ctx.ssq(s_attn), ssq_mlp=ctx.ssq(s_mlp), ssq_out=ctx.ssq(s_mlp + 1),
         qkv16=ctx.slab("qkv16", layer), o16=ctx.slab("o16", layer), o32=ctx.slab("o32", layer),
-        lse=ctx.slab("lse", layer), ab=ctx.slab("ab", layer), z16=ctx.slab("z16", layer))
+        lse=ctx.slab("lse", layer), ab=ctx.slab("ab", layer), z16=ctx.slab("z16", layer),
+        dab16=ctx.slab("dab16", layer), dqkv16=ctx.slab("dqkv16", layer),
+        site_attn=s_attn, site_mlp=s_mlp)
 
 
 @dataclass(frozen=True)
@@ -143,13 +150,11 @@ class GradRefs:
     dlogits16: BufferRef        # bf((softmax − onehot)/T) (T, V)
     dn: BufferRef               # gradient at a norm output (splits, T, D) fp32: split-K partials
     dres: BufferRef             # residual-stream gradient (T, D) fp32
-    # bf(dres) in two slabs used in turn: a weight-gradient launch reads one (dWdown, dWo) while
-    # its norm rows write the other
-    dres16: tuple[BufferRef, BufferRef]
-    dab16: BufferRef            # bf(da) | bf(db) (T, 2F)
+    # bf(dres) as the norm backward of site s leaves it, one slab per site: the products below
+    # the site read it on the main lane, the weight gradients (dWdown, dWo) on the side lane
+    dres16: tuple[BufferRef, ...]
     do32: BufferRef             # gradient at the attention output (T, H·d)
     delta: BufferRef            # rowsum(do·o) per head (H, T)
-    dqkv16: BufferRef           # bf(dq|dk|dv) after rotary_backward (T, W)
     kv_part: BufferRef          # attention_bwd's partial dk' | dv per chunk slot
     ds16: BufferRef             # bf(ds)ᵀ per head (H, T, T)
     de: BufferRef               # gradient at the gathered embedding rows (T, D)
@@ -157,12 +162,12 @@ class GradRefs:
     # compiled specializations were built for
     no_aux: BufferRef           # matmul aux under EPI_F32
     no_gain: BufferRef          # rmsnorm_bwd g under HAS_GAIN=False
-    no_dg: BufferRef            # weight_grad dg without a gain
 
 
 def grad_refs(ctx: Context) -> GradRefs:
+    sites = ctx.bufs["dres16"].shape[0]
     return GradRefs(dlogits16=ctx.buf("dlogits16"), dn=ctx.buf("dn"), dres=ctx.buf("dres"),
-                    dres16=(ctx.slab("dres16", 0), ctx.slab("dres16", 1)), dab16=ctx.buf("dab16"),
-                    do32=ctx.buf("do32"), delta=ctx.buf("delta"), dqkv16=ctx.buf("dqkv16"),
+                    dres16=tuple(ctx.slab("dres16", s) for s in range(sites)),
+                    do32=ctx.buf("do32"), delta=ctx.buf("delta"),
                     kv_part=ctx.buf("attn_kv_part"), ds16=ctx.buf("ds16"), de=ctx.buf("de"),
-                    no_aux=ctx.buf("dn"), no_gain=ctx.param("g_final"), no_dg=ctx.buf("dgain"))
+                    no_aux=ctx.buf("dn"), no_gain=ctx.param("g_final"))

@@ -1,5 +1,9 @@
 """The launch lists' vocabulary: argument kinds, a launch, a submission, and a specialization's name.
 
+A launch also says which lane of its submission's graph it runs on (`lane`: the main chain or the
+side branch) and which launches of the other lane it waits for (`after`, by label): the
+submission's dependency graph is data (plan/launch_graph.py derives and checks it), so no backend
+guesses an order.
 An argument is a buffer reference (buffer name + element offset, see plan/buffers.py), a staging
 reference (a staging/layout.py offset, never a raw address), a scalar, or a run scalar the
 backend fills at instantiation (`t_base`).  A launch's `kernel` names its manifest entry
@@ -20,6 +24,8 @@ RELEASE = "release"         # the hand-written PTX kernel (plan/kernels/release.
 STAGE_IN = "release_stage_in"   # a submission's first launch (plan/kernels/release_stage_in.ptx)
 HAND_WRITTEN = (RELEASE, STAGE_IN)      # written in PTX by hand: no Triton source, emulated by
 #                                         the interpret backend and the fake driver
+MAIN_LANE, SIDE_LANE = 0, 1     # a submission's graph: the critical chain and one side branch
+LANES = (MAIN_LANE, SIDE_LANE)
 
 
 def cdiv(a: int, b: int) -> int:
@@ -100,6 +106,8 @@ class Launch:
     num_warps: int = 4
     num_stages: int = 3
     label: str = ""                              # the model stage, e.g. "layers.0.qkv"
+    lane: int = MAIN_LANE                        # the graph branch it is captured on
+    after: tuple[str, ...] = ()                  # labels of other-lane launches it waits for
 
     def arg(self, name: str) -> Arg:
         for n, a in self.args:
@@ -113,6 +121,10 @@ class Submission:
     index: int
     name: str
     launches: tuple[Launch, ...]
+    # the predecessors of each launch (indices into `launches`, all earlier: the list order is a
+    # valid topological order): the previous launch of its lane, then its `after` launches
+    # (plan/launch_graph.py builds and checks them; the backends run exactly this graph)
+    deps: tuple[tuple[int, ...], ...] = ()
 
 
 def specialization(args) -> tuple[int, ...]:

@@ -2,7 +2,9 @@
 
 Every submission is release_stage_in (the issue's input record and doorbell copied from staging
 into device memory, and the pre-launch semaphore record), its kernels, release (final slot); no
-launch after the first reads staging (SPEC §7: mapped host memory is read once per issue).
+launch after the first reads staging (SPEC §7: mapped host memory is read once per issue).  The
+update's weight-gradient launches run on a side lane of the same graph (plan/launch_graph.py:
+forked after their last input, joined before the final release); the list order is a valid order.
 Each stage names
 the buffers it reads and writes (plan/launch_refs.py: `ly.resid_attn`, `g.dres16`) and calls one
 builder per launch (plan/launch_matmul.py, plan/launch_builders.py) with them by keyword.
@@ -12,15 +14,18 @@ No Triton import here.
 """
 from __future__ import annotations
 
+import dataclasses
+
 from plan import launch_builders as B
 from plan import launch_matmul as MM
 from plan import profiles as _profiles
 from plan.buffers import DTYPE_BYTES, buffers, norm_points
 from plan.kernels import meta
+from plan.launch_graph import dependencies, forked
 from plan.launch_refs import Context, GradRefs, LayerRefs, grad_refs, layer_refs, loss_window, staging
-from plan.launch_types import (HAND_WRITTEN, INT_DIVISOR, POINTER_ALIGN, RELEASE, STAGE_IN, Arg,
-                               BufferRef, Launch,
-                               RunScalar, Scalar, StagingRef, Submission, entry_name, specialization)
+from plan.launch_types import (HAND_WRITTEN, INT_DIVISOR, LANES, MAIN_LANE, POINTER_ALIGN, RELEASE,
+                               SIDE_LANE, STAGE_IN, Arg, BufferRef, Launch, RunScalar, Scalar,
+                               StagingRef, Submission, entry_name, specialization)
 from plan.tuning import H200, INTERPRETER, TUNING, Tuning, tuning
 from staging import layout as SL
 
@@ -72,61 +77,79 @@ def forward(ctx: Context) -> list[Launch]:
 # ---------------------------------------------------------------- backward
 #
 # llm.c's matmul_backward pair per linear layer, split: the data gradient dn = dy @ W first (it
-# reads the old bf16 weight), then one weight-gradient launch per layer half with AdamW in its
-# epilogues (plan/kernels/weight_grad.py) beside the norm backward that sums dn's split-K
-# partials.  The two bf(dres) slabs alternate: a weight-gradient launch reads one (dWdown, dWo)
-# while its norm rows write the other.
+# reads the old bf16 weight) and the norm backward that sums dn's split-K partials on the main
+# lane; one weight-gradient launch per layer half with AdamW in its epilogues
+# (plan/kernels/weight_grad.py) on the side lane, forked after the dh product — the last reader
+# of its old bf16 weights and the producer of its last input.  Nothing on the main lane reads what
+# it writes (its parameters' P/M/V and w16), and what it reads has a slab of its own (dres16 per
+# norm site, dab16 and dqkv16 per layer), so it may lag the main lane until the final release.
+
+def _dw(launch: Launch, fork: Launch) -> Launch:
+    """A weight-gradient launch on the side lane, forked after `fork`."""
+    return forked(launch, fork, SIDE_LANE)
+
 
 def _loss_and_head_backward(ctx: Context, g: GradRefs) -> list[Launch]:
     last = norm_points(ctx.p) - 1
     x_final, h16_final, rstd_final = ctx.slab("resid", last), ctx.slab("h16", last), ctx.rstd(last)
+    dx = MM.matmul_into_norm(ctx, a=g.dlogits16, b=ctx.param("head", "w16"), dn=g.dn, M=ctx.T,
+                             N=ctx.D, K=ctx.V, label="head_backward.dx")
     return [
         B.cross_entropy(ctx, logits=ctx.buf("logits"), targets=ctx.targets(),
                         loss=staging("LOSS_RECORD"), w0=loss_window("W0_LAST_CE"),
                         dlogits=g.dlogits16, label="cross_entropy"),
-        MM.matmul_into_norm(ctx, a=g.dlogits16, b=ctx.param("head", "w16"), dn=g.dn, M=ctx.T,
-                            N=ctx.D, K=ctx.V, label="head_backward.dx"),
-        MM.weight_grad(ctx, products=[(g.dlogits16, h16_final, "head", ctx.V, ctx.D)],
-                       dy=g.dn, x=x_final,
-                       rstd=rstd_final, g=ctx.param("g_final"), dx=g.dres, dx16=g.dres16[0],
-                       dg=ctx.gain_grad("g_final"), has_gain=True, accumulate=False,
-                       label="head_backward.dW+adamw+final_norm_backward"),
+        dx,
+        _dw(MM.weight_grad(ctx, products=[(g.dlogits16, h16_final, "head", ctx.V, ctx.D)],
+                           label="head_backward.dW+adamw"), dx),
+        B.rmsnorm_bwd_gain(ctx, dy=g.dn, x=x_final, rstd=rstd_final, g=ctx.param("g_final"),
+                           dx=g.dres, dx16=g.dres16[last], dg=ctx.gain_grad("g_final"),
+                           write_bf16=True, dy_parts=ctx.tu.dn_splits,
+                           label="final_norm_backward+dg"),
     ]
+
+
+def _norm_backward(ctx: Context, g: GradRefs, *, x, rstd, site: int, label: str) -> Launch:
+    """dres += rmsnorm_backward(Σ dn partials) at norm site `site`; dres16[site] = bf(dres)."""
+    return B.rmsnorm_bwd(ctx, dy=g.dn, x=x, rstd=rstd, g=g.no_gain, dx=g.dres,
+                         dx16=g.dres16[site], has_gain=False, accumulate=True, write_bf16=True,
+                         dy_parts=ctx.tu.dn_splits, label=label)
 
 
 def _mlp_backward(ctx: Context, ly: LayerRefs, g: GradRefs) -> list[Launch]:
     T, D, F = ctx.T, ctx.D, ctx.F
-    dres16, dres16_next = g.dres16
+    dy16 = g.dres16[ly.site_mlp + 1]                 # the gradient at the MLP's output
+    dh = MM.matmul_into_norm(ctx, a=ly.dab16, b=ly.wgate_up, dn=g.dn, M=T, N=D, K=2 * F,
+                             label=ly.label("mlp_backward.dh"))
     return [
-        MM.matmul(ctx, a=dres16, b=ly.wdown, c=g.dab16, aux=ly.ab, M=T, N=F, K=D,
+        MM.matmul(ctx, a=dy16, b=ly.wdown, c=ly.dab16, aux=ly.ab, M=T, N=F, K=D,
                   epilogue=EPI_SWIGLU_BWD, label=ly.label("mlp_backward.swiglu")),
-        MM.matmul_into_norm(ctx, a=g.dab16, b=ly.wgate_up, dn=g.dn, M=T, N=D, K=2 * F,
-                            label=ly.label("mlp_backward.dh")),
-        MM.weight_grad(ctx, products=[(dres16, ly.z16, ly.param("wdown"), D, F),
-                                      (g.dab16, ly.h16_mlp, ly.param("wgate"), 2 * F, D)],
-                       dy=g.dn, x=ly.resid_mlp, rstd=ly.rstd_mlp, g=g.no_gain, dx=g.dres,
-                       dx16=dres16_next, dg=g.no_dg, has_gain=False, accumulate=True,
-                       label=ly.label("mlp_backward.dW+adamw+norm")),
+        dh,
+        _dw(MM.weight_grad(ctx, products=[(dy16, ly.z16, ly.param("wdown"), D, F),
+                                          (ly.dab16, ly.h16_mlp, ly.param("wgate"), 2 * F, D)],
+                           label=ly.label("mlp_backward.dW+adamw")), dh),
+        _norm_backward(ctx, g, x=ly.resid_mlp, rstd=ly.rstd_mlp, site=ly.site_mlp,
+                       label=ly.label("mlp_backward.norm")),
     ]
 
 
 def _attention_backward(ctx: Context, ly: LayerRefs, g: GradRefs) -> list[Launch]:
     D, W = ctx.D, ctx.W
-    dres16_next, dres16 = g.dres16
+    dy16 = g.dres16[ly.site_mlp]                     # the gradient at out_proj's output
+    dh = MM.matmul_into_norm(ctx, a=ly.dqkv16, b=ly.wqkv, dn=g.dn, M=ctx.T, N=D, K=W,
+                             label=ly.label("qkv_backward.dh"))
     return [
-        MM.matmul_delta(ctx, dres16=dres16, wo=ly.wo, do=g.do32, o32=ly.o32, delta=g.delta,
+        MM.matmul_delta(ctx, dres16=dy16, wo=ly.wo, do=g.do32, o32=ly.o32, delta=g.delta,
                         label=ly.label("out_proj_backward.do+delta")),
         B.attention_bwd(ctx, qkv=ly.qkv16, do=g.do32, lse=ly.lse, delta=g.delta,
                         kv_part=g.kv_part, ds=g.ds16, label=ly.label("attention_backward")),
         B.attention_bwd_dq(ctx, qkv=ly.qkv16, ds=g.ds16, kv_part=g.kv_part, rope=ctx.buf("rope"),
-                           dqkv=g.dqkv16, label=ly.label("attention_backward.dq+merge")),
-        MM.matmul_into_norm(ctx, a=g.dqkv16, b=ly.wqkv, dn=g.dn, M=ctx.T, N=D, K=W,
-                            label=ly.label("qkv_backward.dh")),
-        MM.weight_grad(ctx, products=[(dres16, ly.o16, ly.param("wo"), D, ctx.p.q_width),
-                                      (g.dqkv16, ly.h16_attn, ly.param("wq"), W, D)],
-                       dy=g.dn, x=ly.resid_attn, rstd=ly.rstd_attn, g=g.no_gain, dx=g.dres,
-                       dx16=dres16_next, dg=g.no_dg, has_gain=False, accumulate=True,
-                       label=ly.label("attention_backward.dW+adamw+norm")),
+                           dqkv=ly.dqkv16, label=ly.label("attention_backward.dq+merge")),
+        dh,
+        _dw(MM.weight_grad(ctx, products=[(dy16, ly.o16, ly.param("wo"), D, ctx.p.q_width),
+                                          (ly.dqkv16, ly.h16_attn, ly.param("wq"), W, D)],
+                           label=ly.label("attention_backward.dW+adamw")), dh),
+        _norm_backward(ctx, g, x=ly.resid_attn, rstd=ly.rstd_attn, site=ly.site_attn,
+                       label=ly.label("attention_backward.norm")),
     ]
 
 
@@ -144,7 +167,7 @@ def _embed_backward(ctx: Context, g: GradRefs) -> list[Launch]:
 
 def backward(ctx: Context) -> list[Launch]:
     """cross-entropy, head and final norm, the layers in reverse (MLP, then attention), embed;
-    AdamW inside the weight-gradient launches and embed_grad."""
+    AdamW inside the weight-gradient launches (the side lane) and embed_grad."""
     g = grad_refs(ctx)
     out = _loss_and_head_backward(ctx, g)
     for layer in reversed(range(ctx.p.layers)):
@@ -191,8 +214,12 @@ def submissions(profile) -> tuple[Submission, Submission, Submission]:
     out = []
     ctx = Context(profile)
     for index, body in enumerate(_bodies(ctx)):
-        launches = [B.release_stage_in(ctx, index)] + body + [B.release(ctx, index)]
-        out.append(Submission(index, SL.SUBMISSIONS[index], tuple(launches)))
+        side = [x for x in body if x.lane == SIDE_LANE]
+        final = B.release(ctx, index)
+        if side:                     # the fence means the whole issue is done: join the side lane
+            final = dataclasses.replace(final, after=(side[-1].label,))
+        launches = (B.release_stage_in(ctx, index),) + tuple(body) + (final,)
+        out.append(Submission(index, SL.SUBMISSIONS[index], launches, dependencies(launches)))
     return tuple(out)
 
 
@@ -208,4 +235,4 @@ def kernels(profile) -> dict[str, Launch]:
 __all__ = ["BufferRef", "StagingRef", "Scalar", "RunScalar", "Arg", "Launch", "Submission", "buffers",
            "submissions", "kernels", "specialization", "entry_name", "tuning", "Tuning", "H200",
            "INTERPRETER", "TUNING", "RELEASE", "STAGE_IN", "HAND_WRITTEN", "POINTER_ALIGN",
-           "INT_DIVISOR"]
+           "INT_DIVISOR", "MAIN_LANE", "SIDE_LANE", "LANES"]

@@ -44,7 +44,7 @@ class Tuning:
     swiglu_bwd_tiles: tuple[tuple[int, int], ...] = ()   # SwiGLU-backward tiles ((): mm_tiles)
     dw_tile: tuple[int, int] = (128, 128)        # weight-gradient tiles (AdamW in the epilogue)
     dn_splits: int = 1                           # K splits of the products into a norm backward
-    dw_rows: int = 0                             # norm rows per program beside dW tiles (0: rows)
+    dw_programs: int = 64                        # programs of a side-lane weight-gradient launch
 
 
 H200 = Tuning(mm_tiles=((128, 128), (128, 64), (64, 64)), mm_min_programs=120, mm_block_k=64,
@@ -65,7 +65,10 @@ H200 = Tuning(mm_tiles=((128, 128), (128, 64), (64, 64)), mm_min_programs=120, m
               dw_tile=(128, 128),
               # N = 512 products into a norm backward: 32 tiles of 128×128 × 4 K ranges = 128
               # programs at 4× the FLOP per byte of the 64×64 tiles that reach 128 without a split
-              dn_splits=4)
+              dn_splits=4,
+              # the side lane's weight-gradient launches: at most 64 programs (1 block/SM), each
+              # looping over its tiles, so the main lane keeps ≥ 68 SMs (tools/cost_model.py)
+              dw_programs=64)
 # tiny keeps GPU-valid shapes (≤ 128 KiB shared memory: sm_80's 163 KiB and sm_90's 227 KiB hold
 # it) while the interpreter sees few programs: 128×128×128 matmul tiles, one stage.
 INTERPRETER = Tuning(mm_tiles=((128, 128),), mm_min_programs=1, mm_block_k=128, mm_warps=8,
@@ -75,8 +78,9 @@ INTERPRETER = Tuning(mm_tiles=((128, 128),), mm_min_programs=1, mm_block_k=128, 
                      attn_fwd_chunk=4, attn_bwd_chunk=8,
                      ce_rows=32, ce_warps=8, adamw_block=16384, adamw_warps=8, vocab_block=64,
                      vocab_warps=8, gain_cols=128, gain_rows=128, dw_tile=(128, 128), dn_splits=1,
-                     # 128 norm rows beside the dW path spilled 44–72 B (ptxas -v); 64 do not
-                     dw_rows=64)
+                     # fewer programs than the 9 tiles of a layer's MLP half: the whole-plan tests
+                     # run the tile loop
+                     dw_programs=4)
 TUNING = {"coppelius": H200, "tiny": INTERPRETER}
 
 

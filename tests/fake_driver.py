@@ -9,6 +9,12 @@ pre-launch record) — which is all the run loop needs to observe fences.  Every
 written into the caller's buffers; a device's opt-in shared memory, per-function attributes, JIT
 refusals and a hung stream are configurable.
 Timing events record the host clock when the (synchronous) fake stream reaches them.
+Stream capture is tracked per stream as the driver does: a captured operation becomes a graph node
+whose dependencies are its stream's frontier; cuEventRecord on a capturing stream remembers that
+frontier and cuStreamWaitEvent adds it to the waiting stream's (a stream not yet capturing joins
+the capture); cuStreamEndCapture refuses a capture whose other streams are not joined back.  The
+captured nodes and their edges are kept (`graphs[handle]`: `Node`s) so a test can compare them
+with the plan's dependency graph; a graph launch runs the nodes in capture order.
 """
 from __future__ import annotations
 
@@ -16,6 +22,7 @@ import ctypes
 import enum
 import re
 import time
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 from staging import layout as SL
@@ -31,12 +38,46 @@ class CUresult(enum.IntEnum):
     CUDA_ERROR_NOT_FOUND = 500
     CUDA_ERROR_NOT_READY = 600
     CUDA_ERROR_ILLEGAL_ADDRESS = 700
+    CUDA_ERROR_STREAM_CAPTURE_UNJOINED = 904
 
 
 OK = CUresult.CUDA_SUCCESS
 # opt-in shared memory per block by compute capability (CUDA programming guide, bytes)
 SHARED_OPTIN = {(8, 0): 166912, (8, 6): 101376, (8, 9): 101376, (9, 0): 232448, (12, 0): 101376}
 DEFAULT_FUNCTION = {"regs": 32, "local": 0, "static_shared": 0, "max_threads": 1024}
+
+
+@dataclass
+class Node:
+    """One captured operation: what it runs, the nodes it waits for, the stream it was captured
+    on, and for a kernel its launch_log record."""
+    run: object
+    deps: frozenset
+    stream: int
+    launch: tuple | None = None
+
+
+@dataclass
+class Capture:
+    """A stream capture in progress: the nodes so far, each capturing stream's frontier (the
+    nodes its next operation waits for), and the frontier each recorded event holds."""
+    origin: int
+    nodes: list = field(default_factory=list)
+    frontier: dict = field(default_factory=dict)
+    events: dict = field(default_factory=dict)
+
+    def add(self, stream, run, launch=None) -> None:
+        self.nodes.append(Node(run, frozenset(self.frontier[stream]), stream, launch))
+        self.frontier[stream] = frozenset({len(self.nodes) - 1})
+
+    def ancestors(self, nodes) -> set:
+        seen, todo = set(), list(nodes)
+        while todo:
+            n = todo.pop()
+            if n not in seen:
+                seen.add(n)
+                todo += self.nodes[n].deps
+        return seen
 
 
 class FakeDriver:
@@ -48,7 +89,7 @@ class FakeDriver:
                                          CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY="map",
                                          CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN="optin")
     CUstream_flags = SimpleNamespace(CU_STREAM_NON_BLOCKING=1)
-    CUevent_flags = SimpleNamespace(CU_EVENT_DEFAULT=0)
+    CUevent_flags = SimpleNamespace(CU_EVENT_DEFAULT=0, CU_EVENT_DISABLE_TIMING=2)
     CUstreamCaptureMode = SimpleNamespace(CU_STREAM_CAPTURE_MODE_THREAD_LOCAL=1)
     CUfunction_attribute = SimpleNamespace(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES=8,
                                            CU_FUNC_ATTRIBUTE_NUM_REGS="regs",
@@ -78,12 +119,14 @@ class FakeDriver:
         self.allocations = {}          # device ptr -> ctypes buffer
         self.host = {}                 # host ptr -> ctypes buffer (pinned, mapped)
         self.modules = {}
-        self.capturing = None
-        self.graphs = {}
+        self.capturing: Capture | None = None
+        self.graphs = {}               # graph handle -> [Node] in capture order
+        self.streams = 0               # stream handles handed out
         self.launch_log = []           # (function entry, grid, block, shared, params bytes)
         self.sticky_error = None
         self.calls = []
         self.events = {}               # event handle -> host perf_counter_ns when "reached", or None
+        self.untimed = set()           # events created with CU_EVENT_DISABLE_TIMING
 
     # ---- device and context
     def cuInit(self, flags): return (OK,)
@@ -97,7 +140,17 @@ class FakeDriver:
     def cuDevicePrimaryCtxRetain(self, dev): return (OK, "ctx")
     def cuDevicePrimaryCtxRelease(self, dev): return (OK,)
     def cuCtxSetCurrent(self, ctx): return (OK,)
-    def cuStreamCreate(self, flags): return (OK, 1)
+    def cuStreamCreate(self, flags):
+        self.streams += 1
+        return (OK, self.streams)
+
+    def cuStreamWaitEvent(self, stream, event, flags):
+        if event not in self.events:
+            return (CUresult.CUDA_ERROR_INVALID_HANDLE,)
+        c = self.capturing
+        if c is not None and event in c.events:       # an edge (a stream not capturing joins)
+            c.frontier[stream] = c.frontier.get(stream, frozenset()) | c.events[event]
+        return (OK,)                                  # outside capture: the fake runs in order
     def cuStreamDestroy(self, s): return (OK,)
     def cuGetErrorName(self, code): return (OK, CUresult(int(code)).name.encode())
 
@@ -145,24 +198,26 @@ class FakeDriver:
                 return host
         raise ValueError(f"fake device: address {device_ptr:#x} is not allocated")
 
-    def _op(self, fn):
-        if self.capturing is not None:
-            self.capturing.append(fn)
+    def _op(self, fn, stream, launch=None):
+        """Run `fn` now, or — on a stream taking part in a capture — make it a graph node."""
+        if self.capturing is not None and stream in self.capturing.frontier:
+            self.capturing.add(stream, fn, launch)
         else:
             fn()
         return (OK,)
 
     def cuMemcpyHtoDAsync(self, dst, src, n, s):
-        return self._op(lambda: ctypes.memmove(self.to_host(int(dst)), int(src), n))
+        return self._op(lambda: ctypes.memmove(self.to_host(int(dst)), int(src), n), s)
 
     def cuMemcpyDtoHAsync(self, dst, src, n, s):
-        return self._op(lambda: ctypes.memmove(int(dst), self.to_host(int(src)), n))
+        return self._op(lambda: ctypes.memmove(int(dst), self.to_host(int(src)), n), s)
 
     def cuMemcpyDtoDAsync(self, dst, src, n, s):
-        return self._op(lambda: ctypes.memmove(self.to_host(int(dst)), self.to_host(int(src)), n))
+        return self._op(lambda: ctypes.memmove(self.to_host(int(dst)), self.to_host(int(src)), n),
+                        s)
 
     def cuMemsetD8Async(self, dst, value, n, s):
-        return self._op(lambda: ctypes.memset(self.to_host(int(dst)), value, n))
+        return self._op(lambda: ctypes.memset(self.to_host(int(dst)), value, n), s)
 
     # ---- modules
     def cuModuleLoadDataEx(self, image, n, options, values):
@@ -218,12 +273,18 @@ class FakeDriver:
     def cuEventCreate(self, flags):
         handle = max(self.events, default=0) + 1
         self.events[handle] = None
+        if flags & self.CUevent_flags.CU_EVENT_DISABLE_TIMING:
+            self.untimed.add(handle)
         return (OK, handle)
 
     def cuEventRecord(self, event, stream):
         if event not in self.events:
             return (CUresult.CUDA_ERROR_INVALID_HANDLE,)
-        return self._op(lambda: self.events.__setitem__(event, time.perf_counter_ns()))
+        c = self.capturing
+        if c is not None and stream in c.frontier:     # the stream's frontier, for a wait
+            c.events[event] = c.frontier[stream]
+            return (OK,)
+        return self._op(lambda: self.events.__setitem__(event, time.perf_counter_ns()), stream)
 
     def cuEventSynchronize(self, event):
         if self.busy:
@@ -232,12 +293,13 @@ class FakeDriver:
 
     def cuEventElapsedTime(self, start, end):
         t0, t1 = self.events.get(start), self.events.get(end)
-        if t0 is None or t1 is None:
+        if t0 is None or t1 is None or {start, end} & self.untimed:
             return (CUresult.CUDA_ERROR_INVALID_HANDLE, None)
         return (OK, (t1 - t0) / 1e6)
 
     def cuEventDestroy(self, event):
         self.events.pop(event, None)
+        self.untimed.discard(event)
         return (OK,)
 
     # ---- launches and graphs
@@ -261,16 +323,21 @@ class FakeDriver:
                 ctypes.c_uint64.from_address(base + 8).value = time.time_ns()
                 ctypes.c_uint32.from_address(base + 4).value = 0
                 ctypes.c_uint32.from_address(base).value = seq
-        return self._op(run)
+        return self._op(run, stream, record)
 
     def cuStreamBeginCapture(self, stream, mode):
-        self.capturing = []
+        self.capturing = Capture(stream, frontier={stream: frozenset()})
         return (OK,)
 
     def cuStreamEndCapture(self, stream):
-        ops, self.capturing = self.capturing, None
+        c, self.capturing = self.capturing, None
+        if c is None or stream != c.origin:
+            return (CUresult.CUDA_ERROR_INVALID_VALUE, None)
+        joined = c.ancestors(c.frontier[stream])
+        if any(not set(f) <= joined for s, f in c.frontier.items() if s != stream):
+            return (CUresult.CUDA_ERROR_STREAM_CAPTURE_UNJOINED, None)
         handle = len(self.graphs) + 1
-        self.graphs[handle] = ops
+        self.graphs[handle] = c.nodes
         return (OK, handle)
 
     def cuGraphInstantiate(self, graph, flags): return (OK, ("exec", graph))
@@ -282,8 +349,8 @@ class FakeDriver:
         if self.fail_graph_launch is not None:
             self.sticky_error = self.fail_graph_launch
             return (OK,)                # the fault shows up later, as on a real device
-        for op in self.graphs[exec_[1]]:
-            op()
+        for node in self.graphs[exec_[1]]:
+            node.run()
         return (OK,)
 
     def cuGraphExecDestroy(self, e): return (OK,)

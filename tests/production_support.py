@@ -1384,23 +1384,25 @@ class _EmbedGrad:
             yield "w1_ptr", (words,), want.reshape(-1)[:words.stop - words.start]
 
 
-def weight_grad_program(pid: int, tiles: list[int], T: int, BLOCK_R: int):
-    """("product", j, tile) for the products' tiles in order, then ("rows", row block), then
-    ("gain", column block): plan/kernels/weight_grad.py."""
-    for j, t in enumerate(tiles):
-        if pid < t:
-            return "product", j, pid
-        pid -= t
-    rows = cdiv(T, BLOCK_R)
-    return ("rows", pid, None) if pid < rows else ("gain", pid - rows, None)
+def weight_grad_program(pid: int, tiles: list[int], programs: int) -> list[tuple[int, int]]:
+    """The (product j, tile) pairs program pid runs, in order: tiles pid, pid + programs, … of
+    the products' tiles numbered in turn (plan/kernels/weight_grad.py)."""
+    out = []
+    for t in range(pid, sum(tiles), programs):
+        j = 0
+        while t >= tiles[j]:
+            t -= tiles[j]
+            j += 1
+        out.append((j, t))
+    return out
 
 
 @oracle("weight_grad")
 class _WeightGrad:
     """Product tiles: g = bf(dy)ᵀ @ bf(x) (reference head/mlp/qkv backward's dW), then P, M, V of
-    the tile by the reference learner (every matrix decays) and w16 = bf(p); norm rows: the
-    reference rmsnorm backward of the split-K partials' sum (gained: final_norm_backward, and dg).
-    Only the sampled tiles' row blocks of the planes are written as inputs."""
+    the tile by the reference learner (every matrix decays) and w16 = bf(p).  The sampled
+    programs are those that own the products' corner and middle tiles (each program loops over
+    tiles pid, pid + programs, …); only their tiles' row blocks of the planes are inputs."""
 
     def _dims(self, case):
         T, bm, bn = case.scalar("T"), *case.const("BLOCK_M", "BLOCK_N")
@@ -1409,11 +1411,9 @@ class _WeightGrad:
 
     def setup(self, case):
         T, bm, bn, dims, tiles = self._dims(case)
-        D, br, has_gain, acc = case.const("D", "BLOCK_R", "HAS_GAIN", "ACCUMULATE")
-        cols = case.const("GAIN_COLS")
         n = case.launch.grid[0]
-        if n != sum(tiles) + cdiv(T, br) + (cdiv(D, cols) if has_gain else 0):
-            raise AssertionError(f"{case.launch.kernel}: grid {n} is not {tiles} tiles + rows")
+        if not 1 <= n <= sum(tiles):
+            raise AssertionError(f"{case.launch.kernel}: grid {n} for {tiles} tiles")
         _Learner.start(case)
         g = case.const("GROUP_M")
         picks, base = [], 0
@@ -1421,51 +1421,32 @@ class _WeightGrad:
             tm, tn = cdiv(M, bm), cdiv(N, bn)
             corners = {matmul_pid(pm, pn, M, N, bm, bn, g) for pm, pn in
                        ((0, 0), (tm - 1, tn - 1), (0, tn - 1), (tm - 1, 0), (tm // 2, tn // 2))}
-            picks += [base + c for c in corners]
+            picks += [(base + c) % n for c in corners]
             base += t
-        rows = cdiv(T, br)
-        picks += [base, base + rows - 1] + ([base + rows, n - 1] if has_gain else [])
-        case.hint = sorted(set(picks))
+        case.hint = sorted(set(picks) | {n - 1})
         for j, (M, N) in enumerate(dims):
             case.input(f"a{j}_ptr", (T, M), scale=0.005)
             case.input(f"b{j}_ptr", (T, N), scale=0.005)
             _Learner.outputs(case, f"p{j}_ptr", (M, N), f"W{j}")
             case.output(f"h{j}_ptr", (M, N), T_ULP)
-        for pid in case.hint:                    # the sampled tiles' row blocks of P, M, V
-            kind, j, tile = weight_grad_program(pid, tiles, T, br)
-            if kind == "product":
+        for pid in case.hint:                    # the sampled programs' tiles' rows of P, M, V
+            for j, tile in weight_grad_program(pid, tiles, n):
                 M, N = dims[j]
                 pm, _ = matmul_tile(tile, M, N, bm, bn, g)
                 r = _block(pm, bm, M)
                 key = f"W{j}rows{r.start}"
                 if key + "P" not in case.data:
                     _Learner.planes(case, f"p{j}_ptr", r.start * N, (r.stop - r.start) * N, key)
-        x = _norm_inputs(case, T, D)
-        if has_gain:
-            gain = case.input("g_ptr",
-                              values=1 + 0.1 * case.rng.standard_normal(D, dtype=np.float32))
-            r = case.data["rstd_ptr"]
-            case.cache["dg"] = ref.final_norm_backward(case.data["dy"], x * r[:, None], r, gain)[1]
-            case.output("dg_ptr", (D,), T_GAIN_SUM)
-        if acc:
-            case.input("dx_ptr", (T, D))
-        case.output("dx_ptr", (T, D), T_ELEM)
-        case.output("dx16_ptr", (T, D), T_ULP)
 
     def programs(self, case):
         return case.hint
 
     def expect(self, case, pid):
         T, bm, bn, dims, tiles = self._dims(case)
-        D, br, has_gain, acc = case.const("D", "BLOCK_R", "HAS_GAIN", "ACCUMULATE")
-        kind, j, tile = weight_grad_program(pid, tiles, T, br)
-        if kind == "rows":
-            yield from _rows_expect(case, _block(j, br, T), has_gain, acc, True)
-            return
-        if kind == "gain":
-            c = _block(j, case.const("GAIN_COLS"), D)
-            yield "dg_ptr", (c,), case.cache["dg"][c]
-            return
+        for j, tile in weight_grad_program(pid, tiles, case.launch.grid[0]):
+            yield from self._tile(case, dims, j, tile, bm, bn)
+
+    def _tile(self, case, dims, j, tile, bm, bn):
         M, N = dims[j]
         pm, pn = matmul_tile(tile, M, N, bm, bn, case.const("GROUP_M"))
         r, c = _block(pm, bm, M), _block(pn, bn, N)

@@ -511,3 +511,63 @@ def test_the_readme_and_the_refusal_hint_state_the_kernels_shared_memory_needs()
     for value in need.values():
         assert f"{value:,} B" in readme
     assert f"{need['coppelius', 'sm_80']:,} B" in SHARED_HINT
+
+
+@pytest.mark.parametrize("profile", ["tiny", "coppelius"])
+def test_captured_graphs_have_exactly_the_plans_edges(fake, profile, monkeypatch):
+    """Issue 14 round 2: each submission's graph, as the driver would build it from the capture
+    (per-stream frontiers, event record/wait edges: tests/fake_driver.py), has one node per
+    launch, the side lane's launches on a second stream, and exactly the predecessors
+    plan/launch_graph.py gives — no edge missing (a race) and none extra (lost overlap).  The
+    coppelius lists are checked without their PTX: only the capture is exercised."""
+    from host.backend_cuda import CudaBackend
+    f = fake()
+    prof = profiles.get(profile)
+    subs = launches.submissions(prof)
+    with CudaBackend(TINY) as b:
+        if profile != "tiny":            # the capture logic alone, on the production lists
+            monkeypatch.setattr(b, "packed", lambda launch, t_base: (_Recorder(launch), None))
+            b._submissions = subs
+        b.instantiate(5)
+        assert len(f.graphs) == 3
+        side_streams = set()
+        for sub, nodes in zip(subs, list(f.graphs.values())[-3:]):
+            assert len(nodes) == len(sub.launches), sub.name
+            assert all(n.launch is not None for n in nodes), f"{sub.name}: a non-kernel node"
+            main = nodes[0].stream
+            for i, (node, launch) in enumerate(zip(nodes, sub.launches)):
+                assert node.deps == frozenset(sub.deps[i]), (sub.name, launch.label)
+                assert (node.stream == main) == (launch.lane == launches.MAIN_LANE), launch.label
+                if launch.lane != launches.MAIN_LANE:
+                    side_streams.add(node.stream)
+        assert side_streams and main not in side_streams      # the update forks a second stream
+    assert any(x.lane == launches.SIDE_LANE for x in subs[1].launches)
+
+
+class _Recorder:
+    """Stands in for a compiled kernel when only the capture is checked: a launch node."""
+
+    def __init__(self, launch):
+        self.launch_ = launch
+
+    def launch(self, stream, grid, params):
+        drv.check(drv.cu().cuLaunchKernel(self.launch_.kernel, *grid, 1, 1, 1, 0, stream.handle,
+                                          0, 0), "cuLaunchKernel")
+
+
+def test_an_unjoined_side_lane_is_refused_at_end_of_capture(fake):
+    """A capture whose second stream is not joined back is the driver's
+    CUDA_ERROR_STREAM_CAPTURE_UNJOINED: the fake refuses it too, so the join test above means
+    something."""
+    f = fake()
+    dev = drv.Device()
+    side = drv.Stream()
+    fork = drv.Event(timing=False)
+
+    def record(stream):
+        fork.record(stream)
+        side.wait(fork)
+        drv.check(f.cuLaunchKernel("k", 1, 1, 1, 1, 1, 1, 0, side.handle, 0, 0), "cuLaunchKernel")
+
+    with pytest.raises(drv.DriverError, match="UNJOINED"):
+        drv.Graph(dev, record)

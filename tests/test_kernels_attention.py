@@ -224,7 +224,7 @@ def _builder_args(ctx, which):
             "attention_bwd": dict(qkv=ly.qkv16, do=g.do32, lse=ly.lse, delta=g.delta,
                                   kv_part=g.kv_part, ds=g.ds16),
             "attention_bwd_dq": dict(qkv=ly.qkv16, ds=g.ds16, kv_part=g.kv_part,
-                                     rope=ctx.buf("rope"), dqkv=g.dqkv16)}[which]
+                                     rope=ctx.buf("rope"), dqkv=ly.dqkv16)}[which]
 
 
 BUILDERS = ["attention_fwd", "attention_fwd_merge", "attention_bwd", "attention_bwd_dq"]

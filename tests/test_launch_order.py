@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from plan import launches, profiles
+from plan.launch_graph import ancestors
 
 # the parameters a launch updates: (function, pointer argument) → the P-plane pointer of the
 # first parameter; weight_grad's products cover M·N elements from there (adjacent parameters)
@@ -74,6 +75,15 @@ def test_every_parameter_updated_once_after_its_last_reader(name):
     for q, i in updated_at.items():
         assert last_read.get(q, -1) < i, (f"{q} is read by {update[last_read[q]].label} at or "
                                           f"after its update in {update[i].label}")
+    # and in the graph, not only the list (issue 14 round 2: updates run on the side lane):
+    # every reader of a parameter finishes before its update starts
+    anc = ancestors(launches.submissions(prof)[1].deps)
+    for i, launch in enumerate(update):
+        for q in _updates_and_reads(prof, launch)[1]:
+            if q in updated_at and i != updated_at[q]:
+                up = updated_at[q]
+                assert anc[up] >> i & 1, (f"{q}: {launch.label} reads it, unordered with its "
+                                          f"update {update[up].label}")
 
 
 @pytest.mark.parametrize("name", profiles.names())

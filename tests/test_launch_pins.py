@@ -16,15 +16,17 @@ from plan import launches, profiles
 
 # profile: (sha256 of the launch lists, launches per submission, distinct compiled entries)
 PINS = {
-    "coppelius": ("73bfc9c7b9dce3497ec57d1ef6590dce55122914c55fa7dfc6c2419219f4bb1a", (64, 136, 63), 23),
-    "tiny": ("f762603f2b4d70b8b88f1308c2dc854d38735ab95bf8a3c369b04a7f70d84cf2", (22, 38, 21), 23),
+    "coppelius": ("5887094203e097b4368c16e9f6a237f8c4974da0bbe136e8b3aa493e0f65c9b4", (64, 155, 63), 25),
+    "tiny": ("4b23f366e0c71c4a75d430c709a90342d25c4542425fda453ef7118509cc5cc9", (22, 43, 21), 25),
 }
 
 
 def launch_lists_digest(subs) -> str:
-    """sha256 of repr() of every launch's fields, submission by submission, in order."""
+    """sha256 of repr() of every launch's fields (its lane and `after` labels included) and of
+    each submission's dependency graph, submission by submission, in order."""
     lists = [(s.name, [(x.kernel, x.module, x.function, x.grid, x.args, x.constexprs, x.num_warps,
-                        x.num_stages, x.label) for x in s.launches]) for s in subs]
+                        x.num_stages, x.label, x.lane, x.after) for x in s.launches], s.deps)
+             for s in subs]
     return hashlib.sha256(repr(lists).encode()).hexdigest()
 
 
@@ -42,7 +44,7 @@ def test_launch_lists_match_their_pin(name):
 
 
 @pytest.mark.parametrize("field,value", [("constexprs", (("EXTRA", 1),)), ("grid", (2, 1, 1)),
-                                         ("args", ()), ("num_warps", 2)])
+                                         ("args", ()), ("num_warps", 2), ("lane", 1)])
 def test_digest_sees_one_changed_field(field, value):
     """The pin covers every field: one field of one launch changed changes the digest."""
     subs = launches.submissions(profiles.get("tiny"))

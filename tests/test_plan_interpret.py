@@ -167,6 +167,30 @@ def test_update_is_bitwise_repeatable(run):
     assert np.array_equal(download_payload(be).view(np.uint32), run["pmv"].view(np.uint32))
 
 
+def test_another_topological_order_gives_the_same_bytes(run):
+    """Issue 14 round 2: the update's side lane (weight gradients + AdamW) run as late as its
+    edges allow instead of right after each fork — another valid order of the same graph, as a
+    GPU running the two lanes concurrently may interleave them — leaves the same payload and
+    loss record, bit for bit."""
+    from plan.launch_graph import topological_order
+    update = launches.submissions(PROFILE)[SL.SUBMISSION_UPDATE]
+    early = topological_order(update.launches, update.deps, launches.SIDE_LANE)
+    late = topological_order(update.launches, update.deps, launches.MAIN_LANE)
+    assert early == list(range(len(update.launches))) and late != early
+    be = InterpretBackend(PROFILE, prefer=launches.MAIN_LANE)
+    ids = run["ids"]
+    be.staging.inputs[:] = ids[:-1]
+    be.staging.targets[:] = ids[1:]
+    n = PROFILE.parameter_count
+    be.upload_payload(np.concatenate([run["P"], np.zeros(2 * n, np.float32)]).view(np.uint8))
+    be.instantiate(T_BASE)
+    _issue(be, SL.SUBMISSION_FORWARD, 1)
+    _issue(be, SL.SUBMISSION_UPDATE, 2)
+    loss = be.staging.loss_record.view(np.uint32)
+    assert np.array_equal(loss, run["loss_record"].view(np.uint32))
+    assert np.array_equal(download_payload(be).view(np.uint32), run["pmv"].view(np.uint32))
+
+
 def test_launch_lists_are_data_without_triton():
     code = ("import sys; from plan import profiles, launches\n"
             "for n in profiles.names(): launches.submissions(profiles.get(n)); launches.kernels(profiles.get(n))\n"

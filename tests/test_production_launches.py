@@ -168,39 +168,33 @@ def test_split_k_matmul_mapping_is_the_kernels():
 
 
 def test_weight_grad_program_mapping_is_the_kernels():
-    """Two products, then norm rows, then gain columns (issue 14): each program run alone
-    updates exactly the P/M/V/w16 tile (or rows, or columns) the mapping names."""
-    T, D, (M0, N0), (M1, N1), bm, bn = 40, 48, (36, 20), (16, 48), 16, 16
+    """Two products' 9 tiles over 5 programs (issue 14, the side lane): program p runs tiles
+    p, p + 5, … across the products' boundary; each program run alone updates exactly the
+    P/M/V/w16 tiles the mapping names."""
+    T, (M0, N0), (M1, N1), bm, bn, grid = 40, (36, 20), (16, 48), 16, 16, 5
     off0, off1 = 8, 8 + M0 * N0 + 8
     n = off1 + M1 * N1 + 8
     specs = {"a0": _spec("a0", "bf16", (T, M0)), "b0": _spec("b0", "bf16", (T, N0)),
              "a1": _spec("a1", "bf16", (T, M1)), "b1": _spec("b1", "bf16", (T, N1)),
              "pmv": _spec("pmv", "fp32", (3, n)), "w16": _spec("w16", "bf16", (n,)),
-             "dy": _spec("dy", "fp32", (2, T, D)), "x": _spec("x", "fp32", (T, D)),
-             "rstd": _spec("rstd", "fp32", (T,)), "g": _spec("g", "fp32", (D,)),
-             "dx": _spec("dx", "fp32", (T, D)), "dx16": _spec("dx16", "bf16", (T, D)),
-             "dg": _spec("dg", "fp32", (2, D)), "staged": _spec("staged", "u32", (4,))}
+             "staged": _spec("staged", "u32", (4,))}
     ref_ = launches.BufferRef
     args = {"a0_ptr": ref_("a0", 0, "bf16"), "b0_ptr": ref_("b0", 0, "bf16"),
             "p0_ptr": ref_("pmv", off0), "h0_ptr": ref_("w16", off0, "bf16"),
             "a1_ptr": ref_("a1", 0, "bf16"), "b1_ptr": ref_("b1", 0, "bf16"),
             "p1_ptr": ref_("pmv", off1), "h1_ptr": ref_("w16", off1, "bf16"),
-            **{f"{k}_ptr": ref_(k, 0, specs[k].dtype)
-               for k in ("dy", "x", "rstd", "g", "dx", "dx16")},
-            "dg_ptr": ref_("dg", D), "doorbell_ptr": ref_("staged", 1, "u32"),
-            "t_base": launches.RunScalar("t_base", "i64")}
+            "doorbell_ptr": ref_("staged", 1, "u32"), "t_base": launches.RunScalar("t_base", "i64")}
     args |= {k: launches.Scalar("i32", v) for k, v in
              (("M0", M0), ("N0", N0), ("M1", M1), ("N1", N1), ("T", T), ("NPARAM", n))}
     from plan import launch_builders
-    tiles = ps.cdiv(M0, bm) * ps.cdiv(N0, bn) + ps.cdiv(M1, bm) * ps.cdiv(N1, bn)
-    grid = tiles + ps.cdiv(T, 8) + ps.cdiv(D, 16)
+    tiles = [ps.cdiv(M0, bm) * ps.cdiv(N0, bn), ps.cdiv(M1, bm) * ps.cdiv(N1, bn)]
     launch = _launch("plan.kernels.weight_grad", "weight_grad", (grid,), args,
-                     {"PRODUCTS": 2, "HAS_GAIN": True, "ACCUMULATE": False, "DY_PARTS": 2, "D": D,
-                      **launch_builders.learner_constexprs(PROFILE), "BLOCK_M": bm, "BLOCK_N": bn,
-                      "BLOCK_K": 16, "GROUP_M": 2, "BLOCK_R": 8, "BLOCK_D": 64, "GAIN_ROWS": 8,
-                      "GAIN_COLS": 16}, specs)
-    kinds = [ps.weight_grad_program(p, [tiles - 3, 3], T, 8)[0] for p in range(grid)]
-    assert kinds == ["product"] * tiles + ["rows"] * 5 + ["gain"] * 3
+                     {"PRODUCTS": 2, **launch_builders.learner_constexprs(PROFILE),
+                      "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 16, "GROUP_M": 2}, specs)
+    owned = [ps.weight_grad_program(p, tiles, grid) for p in range(grid)]
+    assert tiles == [6, 3] and [len(o) for o in owned] == [2, 2, 2, 2, 1]
+    assert owned[1] == [(0, 1), (1, 0)]              # crosses into product 1
+    assert sorted(sum(owned, [])) == [(0, t) for t in range(6)] + [(1, t) for t in range(3)]
     for pid in range(grid):
         ps.check_launch(launch, specs, PROFILE, pids=[pid])
 

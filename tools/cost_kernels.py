@@ -227,7 +227,7 @@ def _matmul_delta(v: View) -> Work:
                 hbm_bytes=M * K * 2 + K * N * 2 + 2 * M * N * 4 + M * N // d * 4)
 
 
-# -- weight gradients with AdamW in the epilogue, beside a norm backward
+# -- weight gradients with AdamW in the epilogue (the side lane)
 
 _PMV_BYTES = 3 * 4                # P, M, V fp32 of one parameter element
 _ADAMW_ALU, _ADAMW_MUFU = 40, 3   # per element: ~20 fp32 ops + two div_rn (≈10 ALU + rcp each)
@@ -249,28 +249,33 @@ def _plus(a: Step, b: Step) -> Step:
     return Step(*(x + y for x, y in zip(dataclasses.astuple(a), dataclasses.astuple(b))))
 
 
+def _times(a: Step, k: int) -> Step:
+    return Step(*(x * k for x in dataclasses.astuple(a)))
+
+
 @family("weight_grad")
 def _weight_grad(v: View) -> Work:
-    T, D, R, c = v.scalar("T"), v.c["D"], v.c["BLOCK_R"], v.c
+    """Tiles of product 0 then product 1 in one numbering; program pid runs tiles pid,
+    pid + programs, … (the side lane's grid is at most `dw_programs`): a program of k tiles makes
+    k K loops and k AdamW epilogues after one doorbell read and one set of bias corrections."""
+    T, c = v.scalar("T"), v.c
     BM, BN, BK = c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"]
     dims = [(v.scalar("M0"), v.scalar("N0")), (v.scalar("M1"), v.scalar("N1"))][:c["PRODUCTS"]]
     e = BM * BN
-    tiles = [cdiv(M, BM) * cdiv(N, BN) for M, N in dims]
-    start, staged = _doorbell(v, sum(tiles))
+    tiles = sum(cdiv(M, BM) * cdiv(N, BN) for M, N in dims)
+    P = v.programs
+    if not 1 <= P <= tiles:
+        raise ValueError(f"{v.launch.label}: grid {v.launch.grid} for {tiles} tiles")
+    start, staged = _doorbell(v, P)
     # K = T loop of bf16 dy and x chunks; the epilogue reads P, M, V of the tile and writes them
     # and w16 (the gradient never leaves registers)
     step = _mm_step(v, BM, BN, BK, v.elem("a0_ptr"), v.elem("b0_ptr"))
-    fixed = _plus(start, Step(load_bytes=_PMV_BYTES * e, store_bytes=(_PMV_BYTES + 2) * e,
-                              mufu_ops=_ADAMW_MUFU * e, alu_ops=_ADAMW_ALU * e, phases=1,
-                              hbm_trips=1))
-    groups = [uniform(t, cdiv(T, BK), step, fixed) for t in tiles]
+    epilogue = Step(load_bytes=_PMV_BYTES * e, store_bytes=(_PMV_BYTES + 2) * e,
+                    mufu_ops=_ADAMW_MUFU * e, alu_ops=_ADAMW_ALU * e, phases=1, hbm_trips=1)
+    more, base = tiles % P, tiles // P                  # the first `more` programs run base + 1
+    groups = [uniform(n, k * cdiv(T, BK), step, _plus(start, _times(epilogue, k)))
+              for n, k in ((more, base + 1), (P - more, base)) if n]
     hbm = sum(T * M * 2 + T * N * 2 + M * N * (2 * _PMV_BYTES + 2) for M, N in dims)
-    parts, gain, acc = c["DY_PARTS"], c["HAS_GAIN"], c["ACCUMULATE"]
-    groups.append(uniform(cdiv(T, R), 1, _norm_rows(D, R, gain, acc, True, parts)))
-    hbm += _norm_rows_unique(T, D, gain, acc, True, parts)
-    if gain:
-        groups.append(_gain_programs(T, D, c["GAIN_ROWS"], c["GAIN_COLS"], parts))
-        hbm += D * 4
     return Work(tuple(groups), hbm_bytes=hbm, staging=staged)
 
 

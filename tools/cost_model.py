@@ -155,10 +155,10 @@ def _durations(g: Programs, s: str) -> list[float]:
     return [fixed + t * trip for t in g.trips]
 
 
-def _busiest_sm(per_program: list[float]) -> float:
-    """The busiest SM's share of a throughput: ceil(P/132) mean programs, or the largest one."""
+def _busiest_sm(per_program: list[float], sms: int = SMS) -> float:
+    """The busiest SM's share of a throughput: ceil(P/sms) mean programs, or the largest one."""
     P = len(per_program)
-    return max(cdiv(P, SMS) * sum(per_program) / P, max(per_program))
+    return max(cdiv(P, sms) * sum(per_program) / P, max(per_program))
 
 
 @dataclass
@@ -232,20 +232,22 @@ class _Per:
                          + x.alu_ops / (ALU_PER_CLK * CLOCK_HZ)))
 
 
-def bounds(work: Work, per: _Per, per_sm: int, s: str) -> dict[str, float]:
-    """Seconds of each bound of one launch in scenario s."""
+def bounds(work: Work, per: _Per, per_sm: int, s: str, sms: int = SMS) -> dict[str, float]:
+    """Seconds of each bound of one launch in scenario s, on `sms` SMs (fewer than the chip's
+    while the update's side lane holds some: tools/cost_lanes.py).  The chip-wide L2, HBM and
+    PCIe bandwidths are not divided here: the lane schedule shares them."""
     l2_bytes = sum(per.moved) + work.extra_l2_bytes
     cached = bool(STAGING_CACHED[s])
     read = sum(x.unique_bytes if cached else x.read_bytes for x in work.staging)
     requests = sum(lines(x.unique_bytes) if cached else x.read_requests for x in work.staging)
     written = sum(x.write_bytes for x in work.staging)
     pcie = max(read / PCIE_BW[s], requests * PCIE_LATENCY[s] / PCIE_IN_FLIGHT[s]) + written / PCIE_BW[s]
-    return {"tensor": _busiest_sm(per.flops) / (BF16_FLOPS[s] / SMS),
-            "pipes": _busiest_sm(per.pipes_s),
-            "l2": max(l2_bytes / L2_BW[s], _busiest_sm(per.moved) / SM_L2_BW[s]),
+    return {"tensor": _busiest_sm(per.flops, sms) / (BF16_FLOPS[s] / SMS),
+            "pipes": _busiest_sm(per.pipes_s, sms),
+            "l2": max(l2_bytes / L2_BW[s], _busiest_sm(per.moved, sms) / SM_L2_BW[s]),
             "hbm": work.hbm_bytes / HBM_BW[s],
             "pcie": pcie,
-            "serial": makespan([d for g in work.programs for d in _durations(g, s)], SMS * per_sm)}
+            "serial": makespan([d for g in work.programs for d in _durations(g, s)], sms * per_sm)}
 
 
 def cost(launch, bufs, stats: dict[str, KernelStats]) -> LaunchCost:
@@ -316,9 +318,20 @@ def where_time_goes(costs, s: str = "central") -> dict[str, float]:
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
-def to_json(costs, profile_name: str, target: str, submission: str) -> dict:
+def lanes(profile, submission: str, costs) -> dict:
+    """The submission's graph replayed on two lanes (tools/cost_lanes.py), per scenario."""
+    import cost_lanes
+    sub = {s.name: s for s in launches.submissions(profile)}[submission]
+    return cost_lanes.lane_summary(sub, costs, buffers(profile))
+
+
+def to_json(costs, profile_name: str, target: str, submission: str, lane: dict) -> dict:
+    """`<submission>_us`: the graph's time on two lanes; `serial_sum_us`: every launch alone, one
+    after another (what the buckets and where_us add up to)."""
     return {"profile": profile_name, "target": target, "submission": submission,
-            "launches": len(costs), f"{submission}_us": _totals(costs),
+            "launches": len(costs),
+            f"{submission}_us": {s: lane[s]["graph_us"] for s in SCENARIOS},
+            "serial_sum_us": _totals(costs), "lanes": lane,
             "where_us": {s: where_time_goes(costs, s) for s in SCENARIOS},
             "buckets": buckets(costs), "per_launch": [asdict(c) for c in costs],
             "inputs": {k: asdict(r) for k, r in INPUTS.items()}}
@@ -328,7 +341,7 @@ def _f(x: float) -> str:
     return f"{x:.0f}" if x >= 10 else f"{x:.1f}"
 
 
-def table(costs, profile_name: str, target: str, submission: str) -> str:
+def table(costs, profile_name: str, target: str, submission: str, lane: dict) -> str:
     tot = _totals(costs)
     out = [f"H200 cost model: {submission} submission, {profile_name}, {target} — "
            f"{len(costs)} launches (a prediction: nothing here was measured on a GPU)", "",
@@ -344,6 +357,16 @@ def table(costs, profile_name: str, target: str, submission: str) -> str:
                f"{sum(c.l2_bytes for c in costs) / 1e6:.0f} | {sum(c.hbm_bytes for c in costs) / 1e6:.0f} | "
                f"{sum(c.staging_read_bytes + c.staging_write_bytes for c in costs) / 1e6:.2f} | | "
                + " | ".join(f"**{tot[s]:.0f}**" for s in SCENARIOS) + " |")
+    out.append("| **graph, two lanes** (tools/cost_lanes.py) | | | | | | | | | | | "
+               + " | ".join(f"**{lane[s]['graph_us']:.0f}**" for s in SCENARIOS) + " |")
+    c = lane["central"]
+    out += ["", "Two lanes (central): the main lane's launches alone "
+            f"{c['main_lane_alone_us']:.0f} µs, the side lane's (weight gradients + AdamW) "
+            f"alone {c['side_lane_alone_us']:.0f} µs; "
+            f"replayed together the main lane is busy {c['main_lane_busy_us']:.0f} µs, the side "
+            f"lane {c['side_lane_busy_us']:.0f} µs, both working {c['both_working_us']:.0f} µs; "
+            f"the graph ends at {c['graph_us']:.0f} µs (the total row above is every launch "
+            "alone, one after another)."]
     w = where_time_goes(costs)
     out += ["", "Where the central estimate goes (µs, by each launch's binding term): "
             + ", ".join(f"{k} {v:.0f}" for k, v in w.items()) + "."]
@@ -437,8 +460,9 @@ def report(profile_name: str = "coppelius", target: str = "sm_90a", submission: 
            stats: dict[str, KernelStats] | None = None) -> str:
     profile = profiles.get(profile_name)
     costs = model(profile, submission, stats if stats is not None else ptxas_stats(profile_name, target))
+    lane = lanes(profile, submission, costs)
     if as_json:
-        j = to_json(costs, profile_name, target, submission)
+        j = to_json(costs, profile_name, target, submission, lane)
         if measured is not None:
             rows = read_measured(measured)
             compare(costs, rows)                     # refuses a table of another list
@@ -448,7 +472,7 @@ def report(profile_name: str = "coppelius", target: str = "sm_90a", submission: 
                     e["measured_us"] = got[e["label"]]
             j["measured"] = rows
         return json.dumps(j, indent=1)
-    text = table(costs, profile_name, target, submission)
+    text = table(costs, profile_name, target, submission, lane)
     if measured is not None:
         text += "\n\nModel vs measured (" + str(measured) + "):\n\n" + compare(costs, read_measured(measured))
     return text

@@ -1,0 +1,129 @@
+"""A submission's time as its dependency graph runs it (issue 14 round 2): two lanes, one chip.
+
+The update's weight-gradient launches (AdamW in their epilogues) run on a side lane, concurrent
+with the main lane's critical dx/dh chain (plan/launch_graph.py).  The per-launch model
+(tools/cost_model.py) costs each launch alone on the whole chip; this module replays the graph
+in time with an honest charge for what the two lanes share:
+
+  order     each lane runs its launches in list order; a launch starts when its lane is free
+            and every predecessor (`Submission.deps`) has finished.  It first spends its launch
+            cost (LAUNCH: the graph node's gap, ramp and tail) on its own lane, holding nothing.
+  SMs       while a side-lane launch works it holds min(132, ⌈programs / per SM⌉) SMs (its grid
+            is capped by `dw_programs`; at ptxas' 248 registers × 256 threads one block fills an
+            SM's register file, so no main-lane block shares those SMs); a main-lane launch
+            working meanwhile is re-costed on the rest: its tensor, pipes, per-SM L2 and
+            serial/wave bounds with 132 − held SMs (cost_model.bounds(sms=...)).  Alone, a
+            launch has all 132.
+  bandwidth while both lanes work, chip-wide HBM and L2 bandwidth are shared: each launch asks
+            for its bytes over its duration; if the two asks exceed HBM_BW (or L2_BW), both slow
+            by the same factor so that together they move exactly the bandwidth — so each
+            launch's time is at least its bytes over its share of each bandwidth.
+  not charged: L2 capacity (the side lane's P/M/V tiles evicting the main lane's operands), and
+            any block-scheduler priority between the lanes (none is set): both optimistic.
+
+Time advances event to event (a launch cost ends, a launch finishes), the two launches' progress
+as fractions of their work at the rates above.  The result is the makespan, per scenario, with
+how long each lane was busy and how long both worked at once.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cost_model as cm
+from cost_inputs import HBM_BW, L2_BW, LAUNCH, SCENARIOS, SMS
+from cost_kernels import cdiv
+from plan.launch_types import MAIN_LANE, SIDE_LANE
+
+
+@dataclass
+class LaneTimes:
+    makespan_s: float
+    busy_s: dict                   # lane → seconds from a launch's start to its end, summed
+    both_working_s: float          # seconds with a launch of each lane in its work phase
+    end_s: list                    # (launches,) finish time of each launch
+
+
+class _Launch:
+    """One launch for the schedule: its work, and its duration on a number of SMs (cached)."""
+
+    def __init__(self, launch, cost: cm.LaunchCost, bufs):
+        self.launch, self.cost = launch, cost
+        self.work = cm.work_of(launch, bufs)
+        self.per = cm._Per.of(self.work)
+        self.held = min(SMS, cdiv(cost.programs, cost.per_sm))
+        self._d = {}
+
+    def duration(self, s: str, sms: int) -> float:
+        if (s, sms) not in self._d:
+            self._d[s, sms] = max(cm.bounds(self.work, self.per, self.cost.per_sm, s, sms).values())
+        return self._d[s, sms]
+
+
+def schedule(sub, costs, bufs, s: str) -> LaneTimes:
+    """Replay submission `sub` (its launches, lanes and deps) in scenario s."""
+    jobs = [_Launch(x, c, bufs) for x, c in zip(sub.launches, costs)]
+    lanes = {lane: [i for i, x in enumerate(sub.launches) if x.lane == lane]
+             for lane in (MAIN_LANE, SIDE_LANE)}
+    nxt = {lane: 0 for lane in lanes}
+    end = [None] * len(jobs)
+    run: dict[int, list] = {}          # lane → [launch index, phase, left (s or fraction), start]
+    busy = {lane: 0.0 for lane in lanes}
+    t = both = 0.0
+    while any(nxt[lane] < len(lanes[lane]) for lane in lanes) or run:
+        for lane, order in lanes.items():           # start what is ready
+            if lane not in run and nxt[lane] < len(order):
+                i = order[nxt[lane]]
+                if all(end[j] is not None for j in sub.deps[i]):
+                    run[lane] = [i, "launch", LAUNCH[s], t]
+                    nxt[lane] += 1
+        if not run:
+            raise ValueError(f"{sub.name}: the lanes wait on each other (a dependency cycle)")
+        rates = _rates(jobs, run, s)
+        dt = min(left / rates[lane] if phase == "work" else left
+                 for lane, (i, phase, left, _) in run.items())
+        if sum(phase == "work" for _, phase, _, _ in run.values()) == 2:
+            both += dt
+        t += dt
+        for lane in list(run):
+            i, phase, left, start = run[lane]
+            left -= dt * rates[lane] if phase == "work" else dt
+            if left > (1e-12 if phase == "work" else 1e-18):     # a fraction, or seconds
+                run[lane][2] = left
+            elif phase == "launch":
+                run[lane][1:3] = ["work", 1.0]
+            else:
+                end[i] = t
+                busy[lane] += t - start
+                del run[lane]
+    return LaneTimes(t, busy, both, end)
+
+
+def _rates(jobs, run, s: str) -> dict:
+    """Fraction of its work per second of each working launch, given who else works."""
+    working = {lane: r[0] for lane, r in run.items() if r[1] == "work"}
+    side = working.get(SIDE_LANE)
+    dur = {}
+    for lane, i in working.items():
+        sms = SMS - jobs[side].held if lane == MAIN_LANE and side is not None else SMS
+        dur[lane] = jobs[i].duration(s, max(sms, 1))
+    slow = 1.0
+    if len(working) == 2:
+        hbm = sum(jobs[i].work.hbm_bytes / dur[lane] for lane, i in working.items())
+        l2 = sum(jobs[i].cost.l2_bytes / dur[lane] for lane, i in working.items())
+        slow = min(1.0, HBM_BW[s] / hbm if hbm else 1.0, L2_BW[s] / l2 if l2 else 1.0)
+    return {lane: (slow / dur[lane] if lane in dur else 0.0) for lane in run}
+
+
+def lane_summary(sub, costs, bufs) -> dict:
+    """Per scenario: the graph's makespan and the lanes' figures, µs."""
+    out = {}
+    for s in SCENARIOS:
+        r = schedule(sub, costs, bufs, s)
+        alone = {lane: sum(c.us[s] for x, c in zip(sub.launches, costs) if x.lane == lane)
+                 for lane in (MAIN_LANE, SIDE_LANE)}
+        out[s] = {"graph_us": r.makespan_s * 1e6,
+                  "main_lane_alone_us": alone[MAIN_LANE], "side_lane_alone_us": alone[SIDE_LANE],
+                  "main_lane_busy_us": r.busy_s[MAIN_LANE] * 1e6,
+                  "side_lane_busy_us": r.busy_s[SIDE_LANE] * 1e6,
+                  "both_working_us": r.both_working_s * 1e6}
+    return out
