@@ -100,6 +100,8 @@ def test_dry_run_figures_are_filled(dry_run):
     n_update = len(launches.submissions(TINY)[L.SUBMISSION_UPDATE].launches)
     assert pl["launches"] == n_update and pl["graph_us_p50"] > 0 and pl["sum_of_launches_us"] > 0
     assert pl["predicted_update_us"]["central"] > 0 and pl["predictions_unavailable"] is None
+    # the graph replay is predicted on two lanes; the launches one by one add up to more
+    assert pl["predicted_serial_sum_us"]["central"] > pl["predicted_update_us"]["central"]
     for name in ("torch", "torch-default"):
         rows = p[name]["rows"]
         assert rows[0]["what"].startswith("coppelius") and rows[0]["ms_p50"] > 0

@@ -87,8 +87,8 @@ def _r(x) -> float:
     return round(float(x), 3)
 
 
-def tables(timing, costs: dict):
-    """(per-launch rows for --json, summary dict)."""
+def tables(timing, costs: dict, lane: dict | None = None):
+    """(per-launch rows for --json, summary dict); `lane`: the cost model's two-lane graph."""
     per = np.asarray(timing.launch_us, np.float64)                  # (repeats, launches)
     med = np.median(per, axis=0)
     rows = []
@@ -102,8 +102,11 @@ def tables(timing, costs: dict):
         rows.append(row)
     graph = statistics.median(timing.graph_us)
     summed = float(med.sum())
-    predicted = {s: _r(sum(c.us[s] for c in costs.values()))
-                 for s in ("optimistic", "central", "pessimistic")} if costs else None
+    scenarios = ("optimistic", "central", "pessimistic")
+    # the launches replayed one by one are timed against the model's serial sum; the graph replay
+    # (two lanes, tools/cost_lanes.py) against the model's graph time
+    serial = {s: _r(sum(c.us[s] for c in costs.values())) for s in scenarios} if costs else None
+    graph_model = ({s: _r(lane[s]["graph_us"]) for s in scenarios} if costs and lane else None)
     top = sorted(rows, key=lambda r: -r["us"])[:TOP_N]
     summary = {"launches": len(rows), "repeats": len(timing.graph_us), "lead_replays": timing.lead,
                "sum_of_launches_us": _r(summed), "graph_us_p50": _r(graph),
@@ -111,7 +114,8 @@ def tables(timing, costs: dict):
                "graph_over_sum": _r(graph / summed) if summed else None,
                "enqueue_us_p50": _r(statistics.median(timing.enqueue_us)),
                "lead_us_p50": _r(statistics.median(timing.lead_us)),
-               "starved_repeats": timing.starved, "predicted_update_us": predicted,
+               "starved_repeats": timing.starved, "predicted_update_us": graph_model,
+               "predicted_serial_sum_us": serial,
                "top": [{k: r.get(k) for k in ("label", "kernel", "us", "predicted_us", "binding",
                                                 "ratio_central")} for r in top]}
     return rows, summary
@@ -130,7 +134,11 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     profile = profiles.get(a.profile)
     timing, costs, why, info, c0 = measure(profile, a.checkpoint, a.repeats, a.directory)
-    rows, summary = tables(timing, costs)
+    lane = None
+    if costs:
+        import cost_model
+        lane = cost_model.lanes(profile, "update", list(costs.values()))
+    rows, summary = tables(timing, costs, lane)
     summary.update(profile=profile.name, target=info.target, device=info.name, c0=c0,
                    registers="driver (cuFuncGetAttribute NUM_REGS of the loaded functions)",
                    predictions_unavailable=why)
@@ -149,7 +157,8 @@ def main(argv=None) -> int:
           f"graph replay {summary['graph_us_p50']:.1f} µs (p50), {summary['starved_repeats']} "
           "starved repeats")
     if summary["predicted_update_us"]:
-        print(f"cost model (driver registers), central: {summary['predicted_update_us']['central']:.1f} µs")
+        print(f"cost model (driver registers), central: graph {summary['predicted_update_us']['central']:.1f} µs, "
+              f"launches one by one {summary['predicted_serial_sum_us']['central']:.1f} µs")
     return 0
 
 
