@@ -22,6 +22,7 @@ SMOOTH_STEPS = WINDOW    # running-mean window of loss, floor and no-copy (as pr
 FIGSIZE = (12.0, 9.0)    # inches; at DPI this is the PNG's size in pixels
 DPI = 110
 MAX_LABELLED_PUBLICATIONS = 12   # more than this: lines only, no update-count labels
+MARKED_STEPS = 200        # up to this many steps a series carries a marker per step
 GAP_LOG_RATIO = 20.0     # host gap axis goes logarithmic when max/median exceeds this
 PUBLICATION_COLOUR = "tab:purple"
 STOP_COLOUR = "tab:red"
@@ -128,6 +129,13 @@ def _floor_lines(ax, levels, done):
             label=f"no-copy level (chain learned, copying not), same mean: {no_copy_mean[-1]:.4f}")
 
 
+def _series(ax, steps, values, colour) -> None:
+    """One per-step series: markers while they stay readable (≤ MARKED_STEPS), a thin line past."""
+    dense = steps.size > MARKED_STEPS
+    ax.plot(steps, values, color=colour, lw=0.8 if dense else 1.4, marker=None if dense else "o",
+            ms=3)
+
+
 def _device_panel(ax, rf):
     steps, dev_ms = rf.update_steps(), rf.device_step_ns() / 1e6          # (updates,) each
     ax.set_ylabel("ms")
@@ -138,8 +146,7 @@ def _device_panel(ax, rf):
     p50, p99 = np.percentile(dev_ms, [50, 99])
     ax.set_title(f"device time per update (final − pre-launch release): p50 {p50:.3f} ms, "
                  f"p99 {p99:.3f} ms", fontsize=10, loc="left")
-    ax.plot(steps, dev_ms, color="tab:green", lw=0.8 if steps.size > 200 else 1.4,
-            marker=None if steps.size > 200 else "o", ms=3)
+    _series(ax, steps, dev_ms, "tab:green")
     failed = rf.timestamps[(rf.timestamps["flags"] & R.FLAG_ERROR) != 0]
     failed = failed[failed["step"] != R.TIMESTAMP_NO_STEP]
     if failed.size:     # an update whose fence never came: no device time, a mark at its step
@@ -158,8 +165,7 @@ def _gap_panel(ax, rf):
     p50, p99 = np.percentile(gap_us, [50, 99])
     ax.set_title(f"host gap, previous fence → this update's issue: p50 {p50:,.1f} µs, "
                  f"p99 {p99:,.1f} µs", fontsize=10, loc="left")
-    ax.plot(steps, gap_us, color="tab:orange", lw=0.8 if steps.size > 200 else 1.4,
-            marker=None if steps.size > 200 else "o", ms=3)
+    _series(ax, steps, gap_us, "tab:orange")
     if p50 > 0 and gap_us.max() / p50 > GAP_LOG_RATIO:
         ax.set_yscale("log")
 
