@@ -109,9 +109,12 @@ class RichProgress:
                                    TimeRemainingColumn)
         self.summary, self.levels, self.tokens_per_step = summary, levels, tokens_per_step
         self.t0 = time.monotonic()
+        from rich.markup import escape        # a path may hold "[...]": never read as markup
         self.console.print(f"[bold]coppelius run[/bold]: c0={summary.c0}, "
-                           f"{summary.steps_planned} steps, checkpoint {summary.checkpoint}, "
-                           f"result {summary.result}" + _floor_caption(levels), soft_wrap=True)
+                           f"{summary.steps_planned} steps, "
+                           f"checkpoint {escape(str(summary.checkpoint))}, "
+                           f"result {escape(str(summary.result))}"
+                           + escape(_floor_caption(levels)), soft_wrap=True, highlight=False)
         if self.quiet:
             return
         rate = _field_column(lambda task: self.rate_field(task.completed))

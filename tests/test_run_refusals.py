@@ -308,3 +308,16 @@ def test_a_signal_before_another_command_starts_ends_it(guard, monkeypatch, caps
     assert cli.main(["profiles"]) == 128 + signal.SIGTERM
     assert one_line(capsys) == "coppelius profiles: interrupted by SIGTERM before it started"
     assert not guard
+
+
+def test_a_path_that_looks_like_markup_is_printed_as_it_is(fake, tmp_path, capsys):
+    """rich would read "[bold]" in a path as a style and drop it from the start line."""
+    cache(tmp_path / "t.tokens")
+    odd = tmp_path / "[bold]x"                   # a style tag (a closing one would be a "/")
+    odd.mkdir()
+    ckpt = odd / "c.ckpt"
+    ckpt.write_bytes(b"")
+    assert cli.main(run_argv(tmp_path, ckpt, odd / "r.bin")) == 0, capsys.readouterr().err
+    err = capsys.readouterr().err
+    start = next(line for line in err.splitlines() if "c0=0" in line)
+    assert f"checkpoint {ckpt}, result {odd / 'r.bin'}" in start, start
