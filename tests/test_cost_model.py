@@ -17,6 +17,7 @@ import pytest
 from host.errors import UserError
 from plan import launches, profiles
 from plan.buffers import buffers
+from plan.launch_types import MAIN_LANE
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("cost_model", ROOT / "tools" / "cost_model.py")
@@ -213,6 +214,17 @@ def test_json_schema_and_totals():
                f"lanes {s}")
         assert max(lane["main_lane_alone_us"], lane["side_lane_alone_us"]) <= lane["graph_us"]
         assert lane["graph_us"] < j["serial_sum_us"][s] and lane["both_working_us"] > 0
+        # the floors by hand, and no schedule beats them: the lane model shares L2 and HBM
+        # bandwidth, so two launches working at once never move more than the chip does
+        f = j["floors_us"][s]
+        _close(f["l2"], sum(e["l2_bytes"] for e in j["per_launch"]) / cm.L2_BW[s] * US, f"L2 floor {s}")
+        _close(f["hbm"], sum(e["hbm_bytes"] for e in j["per_launch"]) / cm.HBM_BW[s] * US,
+               f"HBM floor {s}")
+        _close(f["tensor"], sum(e["flops"] for e in j["per_launch"]) / cm.BF16_FLOPS[s] * US,
+               f"tensor floor {s}")
+        main = sum(1 for l in UPDATE.values() if l.lane == MAIN_LANE)
+        _close(f["launches"], main * cm.LAUNCH[s] * US, f"launch floor {s}")
+        assert max(f.values()) <= lane["graph_us"], (s, f, lane["graph_us"])
     assert set(j["inputs"]) == set(cm.INPUTS) and all(v["source"] for v in j["inputs"].values())
 
 
