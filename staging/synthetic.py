@@ -71,6 +71,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import paths
 from .errors import UserError
 
 CONTEXTS = 20_000                      # SPEC §14: enough for two consecutive runs
@@ -378,4 +379,5 @@ def ensure_default_stream(profile, directory=DEFAULT_DIRECTORY) -> pathlib.Path:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+    paths.fsync_directory(directory)   # the name survives a crash, as the token caches' do
     return path

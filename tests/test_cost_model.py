@@ -17,6 +17,7 @@ import pytest
 from host.errors import UserError
 from plan import launches, profiles
 from plan.buffers import buffers
+from plan.launch_types import MAIN_LANE
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("cost_model", ROOT / "tools" / "cost_model.py")
@@ -213,6 +214,17 @@ def test_json_schema_and_totals():
                f"lanes {s}")
         assert max(lane["main_lane_alone_us"], lane["side_lane_alone_us"]) <= lane["graph_us"]
         assert lane["graph_us"] < j["serial_sum_us"][s] and lane["both_working_us"] > 0
+        # the floors by hand, and no schedule beats them: the lane model shares L2 and HBM
+        # bandwidth, so two launches working at once never move more than the chip does
+        f = j["floors_us"][s]
+        _close(f["l2"], sum(e["l2_bytes"] for e in j["per_launch"]) / cm.L2_BW[s] * US, f"L2 floor {s}")
+        _close(f["hbm"], sum(e["hbm_bytes"] for e in j["per_launch"]) / cm.HBM_BW[s] * US,
+               f"HBM floor {s}")
+        _close(f["tensor"], sum(e["flops"] for e in j["per_launch"]) / cm.BF16_FLOPS[s] * US,
+               f"tensor floor {s}")
+        main = sum(1 for l in UPDATE.values() if l.lane == MAIN_LANE)
+        _close(f["launches"], main * cm.LAUNCH[s] * US, f"launch floor {s}")
+        assert max(f.values()) <= lane["graph_us"], (s, f, lane["graph_us"])
     assert set(j["inputs"]) == set(cm.INPUTS) and all(v["source"] for v in j["inputs"].values())
 
 
@@ -228,26 +240,30 @@ def _two_lane_submission(main_label: str, side_label: str):
     return launches.Submission(1, "update", lst, dependencies(lst))
 
 
-@pytest.mark.parametrize("main_label,shares", [("layers.8.mlp_backward.norm", "hbm"),
-                                               ("layers.8.mlp_backward.dh", "sms")])
-def test_two_lanes_share_sms_and_bandwidth(main_label, shares):
+@pytest.mark.parametrize("main_label,shares,dw_regs,held", [
+    ("layers.8.mlp_backward.norm", "hbm", 248, 64), ("layers.8.mlp_backward.dh", "sms", 248, 64),
+    # 128 registers: 2 blocks per SM, so the 64 programs hold 32 SMs and run on them
+    ("layers.8.mlp_backward.dh", "sms", 128, 32)])
+def test_two_lanes_share_sms_and_bandwidth(main_label, shares, dw_regs, held):
     """tools/cost_lanes.py by hand on a four-launch graph: the stage-in; an HBM-bound main-lane
     launch (layer 8's MLP norm backward: the HBM share binds) or an SM-bound one (its dh product:
     fewer SMs bind) beside the head's weight gradient on the side lane (64 programs: 64 SMs
     held); the release after both.  While both work, the norm backward is
     costed on 132 − 64 SMs and both slow by one factor when their HBM asks exceed the bandwidth;
-    once the norm backward is done, the dW launch runs at its own rate."""
+    once the norm backward is done, the dW launch runs at its own rate — on the SMs it holds."""
     import cost_lanes
     sub = _two_lane_submission(main_label, "head_backward.dW+adamw")
     dw = sub.launches[2].kernel               # 248 registers × 256 threads: 1 block per SM
-    stats = fake_stats(PROD) | {dw: cm.KernelStats(248, 98304, 256)}
+    stats = fake_stats(PROD) | {dw: cm.KernelStats(dw_regs, 98304, 256)}
     bufs = buffers(PROD)
     costs = [cm.cost(x, bufs, stats) for x in sub.launches]
     jobs = [cost_lanes._Launch(x, c, bufs) for x, c in zip(sub.launches, costs)]
     s, L = "central", cm.LAUNCH["central"]
-    assert jobs[2].held == 64
+    assert jobs[2].held == held
     t0 = costs[0].us[s] / US                         # the stage-in, alone
-    dm, ds = jobs[1].duration(s, 132 - 64), jobs[2].duration(s, 132)
+    dm, ds = jobs[1].duration(s, 132 - held), jobs[2].duration(s, held)
+    if held < 64:                                    # two programs share each held SM
+        assert ds > 1.2 * jobs[2].duration(s, 132)
     hbm = jobs[1].work.hbm_bytes / dm + jobs[2].work.hbm_bytes / ds
     l2 = costs[1].l2_bytes / dm + costs[2].l2_bytes / ds
     slow = min(1.0, cm.HBM_BW[s] / hbm, cm.L2_BW[s] / l2)

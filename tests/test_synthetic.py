@@ -265,13 +265,23 @@ def test_sha256_same_in_two_processes():
     assert outs[0] == outs[1] == S.STREAM_SHA256["coppelius"]
 
 
-def test_ensure_default_stream_creates_verifies_and_refuses(tmp_path, tiny_stream):
+def test_ensure_default_stream_creates_verifies_and_refuses(tmp_path, tiny_stream, monkeypatch):
     p, x = tiny_stream
     d = tmp_path / "run"
+    synced = []
+    real_fsync_directory = S.paths.fsync_directory
+
+    def fsync_directory(directory, strict=False):
+        # the rename is made durable: the directory is synced once the file has its name
+        synced.append((Path(directory), (d / "tiny-stream.tokens").exists()))
+        real_fsync_directory(directory, strict)
+
+    monkeypatch.setattr(S.paths, "fsync_directory", fsync_directory)
     t = time.perf_counter()
     path = S.ensure_default_stream(p, d)
     print(f"first use (generate + write) {time.perf_counter() - t:.2f} s")
     assert path == d / "tiny-stream.tokens" and path.stat().st_size == S.stream_bytes(p)
+    assert synced == [(d, True)], synced
     assert path.read_bytes()[:16] == bytes(16)
     t = time.perf_counter()
     assert S.ensure_default_stream(p, d) == path

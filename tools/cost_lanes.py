@@ -12,8 +12,9 @@ in time with an honest charge for what the two lanes share:
             is capped by `dw_programs`; at ptxas' 248 registers × 256 threads one block fills an
             SM's register file, so no main-lane block shares those SMs); a main-lane launch
             working meanwhile is re-costed on the rest: its tensor, pipes, per-SM L2 and
-            serial/wave bounds with 132 − held SMs (cost_model.bounds(sms=...)).  Alone, a
-            launch has all 132.
+            serial/wave bounds with 132 − held SMs (cost_model.bounds(sms=...)).  The side
+            launch itself is costed on the SMs it holds (with 2 blocks per SM its programs
+            share their SMs' tensor cores and L2 paths).  Alone, a launch has all 132.
   bandwidth while both lanes work, chip-wide HBM and L2 bandwidth are shared: each launch asks
             for its bytes over its duration; if the two asks exceed HBM_BW (or L2_BW), both slow
             by the same factor so that together they move exactly the bandwidth — so each
@@ -104,7 +105,10 @@ def _rates(jobs, run, s: str) -> dict:
     side = working.get(SIDE_LANE)
     dur = {}
     for lane, i in working.items():
-        sms = SMS - jobs[side].held if lane == MAIN_LANE and side is not None else SMS
+        if lane == SIDE_LANE:
+            sms = jobs[i].held
+        else:
+            sms = SMS - jobs[side].held if side is not None else SMS
         dur[lane] = jobs[i].duration(s, max(sms, 1))
     slow = 1.0
     if len(working) == 2:

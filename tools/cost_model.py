@@ -318,6 +318,25 @@ def where_time_goes(costs, s: str = "central") -> dict[str, float]:
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
+def floors(costs, lanes_of) -> dict[str, dict[str, float]]:
+    """Per scenario, µs: what no schedule of these launches beats — every FLOP at the chip's bf16
+    rate, every L2 byte at L2_BW, every HBM byte at HBM_BW (perfect overlap, no tail), and the
+    launch costs of the longest lane (its launches run one after another).  The graph's time is at
+    least the largest (the lane model shares L2 and HBM bandwidth and never lends SMs): a plan
+    whose largest floor exceeds a goal cannot meet it by scheduling, only by moving fewer bytes."""
+    n = max(sum(1 for c in costs if lanes_of[c.label] == lane) for lane in set(lanes_of.values()))
+    flops = sum(c.flops for c in costs)
+    l2 = sum(c.l2_bytes for c in costs)
+    hbm = sum(c.hbm_bytes for c in costs)
+    return {s: {"tensor": flops / BF16_FLOPS[s] * 1e6, "l2": l2 / L2_BW[s] * 1e6,
+                "hbm": hbm / HBM_BW[s] * 1e6, "launches": n * LAUNCH[s] * 1e6} for s in SCENARIOS}
+
+
+def _lanes_of(profile, submission: str) -> dict[str, int]:
+    sub = {s.name: s for s in launches.submissions(profile)}[submission]
+    return {x.label: x.lane for x in sub.launches}
+
+
 def lanes(profile, submission: str, costs) -> dict:
     """The submission's graph replayed on two lanes (tools/cost_lanes.py), per scenario."""
     import cost_lanes
@@ -325,13 +344,15 @@ def lanes(profile, submission: str, costs) -> dict:
     return cost_lanes.lane_summary(sub, costs, buffers(profile))
 
 
-def to_json(costs, profile_name: str, target: str, submission: str, lane: dict) -> dict:
+def to_json(costs, profile_name: str, target: str, submission: str, lane: dict,
+            floor: dict) -> dict:
     """`<submission>_us`: the graph's time on two lanes; `serial_sum_us`: every launch alone, one
-    after another (what the buckets and where_us add up to)."""
+    after another (what the buckets and where_us add up to); `floors_us`: what no schedule of
+    these launches beats (`floors`)."""
     return {"profile": profile_name, "target": target, "submission": submission,
             "launches": len(costs),
             f"{submission}_us": {s: lane[s]["graph_us"] for s in SCENARIOS},
-            "serial_sum_us": _totals(costs), "lanes": lane,
+            "serial_sum_us": _totals(costs), "lanes": lane, "floors_us": floor,
             "where_us": {s: where_time_goes(costs, s) for s in SCENARIOS},
             "buckets": buckets(costs), "per_launch": [asdict(c) for c in costs],
             "inputs": {k: asdict(r) for k, r in INPUTS.items()}}
@@ -341,7 +362,8 @@ def _f(x: float) -> str:
     return f"{x:.0f}" if x >= 10 else f"{x:.1f}"
 
 
-def table(costs, profile_name: str, target: str, submission: str, lane: dict) -> str:
+def table(costs, profile_name: str, target: str, submission: str, lane: dict,
+          floor: dict) -> str:
     tot = _totals(costs)
     out = [f"H200 cost model: {submission} submission, {profile_name}, {target} — "
            f"{len(costs)} launches (a prediction: nothing here was measured on a GPU)", "",
@@ -367,6 +389,16 @@ def table(costs, profile_name: str, target: str, submission: str, lane: dict) ->
             f"lane {c['side_lane_busy_us']:.0f} µs, both working {c['both_working_us']:.0f} µs; "
             f"the graph ends at {c['graph_us']:.0f} µs (the total row above is every launch "
             "alone, one after another)."]
+    f = floor["central"]
+    top = max(f, key=f.get)
+    out += ["", "Floors (central; no schedule of these launches beats them): "
+            f"L2 {f['l2']:.0f} µs ({sum(x.l2_bytes for x in costs) / 1e6:,.0f} MB at "
+            f"{L2_BW['central'] / 1e12:.1f} TB/s), HBM {f['hbm']:.0f} µs "
+            f"({sum(x.hbm_bytes for x in costs) / 1e6:,.0f} MB at {HBM_BW['central'] / 1e12:.1f} TB/s), "
+            f"tensor {f['tensor']:.0f} µs ({sum(x.flops for x in costs) / 1e9:.1f} GFLOP at "
+            f"{BF16_FLOPS['central'] / 1e12:.0f} TFLOP/s), the longest lane's launch costs "
+            f"{f['launches']:.0f} µs; the graph is {c['graph_us'] / f[top]:.2f}× its largest "
+            f"({top})."]
     w = where_time_goes(costs)
     out += ["", "Where the central estimate goes (µs, by each launch's binding term): "
             + ", ".join(f"{k} {v:.0f}" for k, v in w.items()) + "."]
@@ -461,8 +493,9 @@ def report(profile_name: str = "coppelius", target: str = "sm_90a", submission: 
     profile = profiles.get(profile_name)
     costs = model(profile, submission, stats if stats is not None else ptxas_stats(profile_name, target))
     lane = lanes(profile, submission, costs)
+    floor = floors(costs, _lanes_of(profile, submission))
     if as_json:
-        j = to_json(costs, profile_name, target, submission, lane)
+        j = to_json(costs, profile_name, target, submission, lane, floor)
         if measured is not None:
             rows = read_measured(measured)
             compare(costs, rows)                     # refuses a table of another list
@@ -472,7 +505,7 @@ def report(profile_name: str = "coppelius", target: str = "sm_90a", submission: 
                     e["measured_us"] = got[e["label"]]
             j["measured"] = rows
         return json.dumps(j, indent=1)
-    text = table(costs, profile_name, target, submission, lane)
+    text = table(costs, profile_name, target, submission, lane, floor)
     if measured is not None:
         text += "\n\nModel vs measured (" + str(measured) + "):\n\n" + compare(costs, read_measured(measured))
     return text

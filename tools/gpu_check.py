@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import shutil
 import signal
@@ -43,8 +42,8 @@ for _p in (ROOT, ROOT / "tools"):
         sys.path.insert(0, str(_p))
 
 import gpu_check_figures as F  # noqa: E402
+from gpu_check_report import GOLDEN, fmt, machine_info, report_markdown, summary_table  # noqa: E402
 
-GOLDEN = ROOT / "tests" / "golden" / "tiny-result-c0.bin"     # tools/make_golden.py writes it
 DEFAULT_BUDGET_S = {"gpu": 300.0, "dry-run": 900.0}
 HARD_SLACK_S = 60.0          # a phase may overrun the budget by this much before it is killed
 MAX_OUT_FILES = 8            # what the device tool brings back from $OUT
@@ -562,7 +561,7 @@ def _bench(ctx: Context, label: str, variants: str) -> dict:
                                    "compile_s", "agreement")} for r in j["rows"]]
     ctx.figures.update(rows=rows, timing=j["timing"], steps=j["steps"], warmup=j["warmup"],
                        coppelius_source=j["coppelius"]["source"])
-    return "; ".join(f"{r['what']} {_fmt(r['ms_p50'])} ms (×{_fmt(r['ratio'], '.2f')})"
+    return "; ".join(f"{r['what']} {fmt(r['ms_p50'])} ms (×{fmt(r['ratio'], '.2f')})"
                      for r in rows)
 
 
@@ -605,100 +604,6 @@ PHASES = [
     Phase("torch-default", "6b. torch.compile default mode (only if the budget remains)",
           phase_torch_default),
 ]
-
-
-# ================================================================ machine and report
-
-def _cmd(argv: list, timeout: float = 15) -> str | None:
-    try:
-        r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-        return r.stdout.strip() if r.returncode == 0 else None
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-
-
-def machine_info() -> dict:
-    from importlib import metadata
-    versions = {}
-    for name in ("torch", "triton", "numpy", "cuda-bindings", "cuda-python", "rich", "pytest",
-                 "hypothesis"):
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = None
-    ptx = {}
-    for manifest in sorted((ROOT / "kernels_ptx").glob("*/*/manifest.json")):
-        ptx[str(manifest.parent.relative_to(ROOT / "kernels_ptx"))] = F.file_sha256(manifest)[:16]
-    mem = None
-    try:
-        line = next(x for x in Path("/proc/meminfo").read_text().splitlines()
-                    if x.startswith("MemTotal"))
-        mem = round(int(line.split()[1]) / 2**20, 1)
-    except (OSError, StopIteration):
-        pass
-    return {"gpu": _cmd(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.sm,"
-                         "clocks.max.sm,temperature.gpu,power.draw", "--format=csv,noheader"]),
-            "python": sys.version.split()[0], "platform": platform.platform(),
-            "cpus": os.cpu_count(), "memory_gib": mem, "packages": versions,
-            "git": _cmd(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], 5),
-            "ptx_manifests_sha256": ptx,
-            "golden_sha256": F.file_sha256(GOLDEN)[:16] if GOLDEN.exists() else None}
-
-
-def _fmt(x, spec: str = ".3f") -> str:
-    return "—" if x is None else format(x, spec)
-
-
-def summary_table(report: dict) -> str:
-    """The short table the caller sees (the last lines of stdout)."""
-    rows = [f"{'phase':<14} {'status':<8} {'s':>6} {'pred':>5}  summary"]
-    for p in report["phases"]:
-        text = p.get("summary") if p["status"] == "ok" else p.get("reason", "")
-        rows.append(f"{p['name']:<14} {p['status']:<8} {p['seconds']:>6.1f} "
-                    f"{p['predicted_s']:>5.0f}  {(text or '')[:110]}")
-    n = {s: sum(p["status"] == s for p in report["phases"]) for s in ("ok", "failed", "skipped")}
-    rows.append(f"verdict ({report['mode']}): {n['ok']} ok, {n['failed']} failed, {n['skipped']} "
-                f"skipped in {report['elapsed_s']:.0f} s (budget {report['budget_s']:.0f} s); "
-                f"files in $OUT: report.md report.json logs.tar.gz and the phases' own")
-    return "\n".join(rows)
-
-
-def report_markdown(report: dict) -> str:
-    m = report["machine"]
-    out = [f"# Coppelius device check ({report['mode']}) — {report['started_utc']}", "",
-           f"- GPU: {m['gpu'] or 'none (nvidia-smi absent or failed)'}",
-           f"- python {m['python']} on {m['platform']}, {m['cpus']} CPUs, {m['memory_gib']} GiB; "
-           + ", ".join(f"{k} {v}" for k, v in m["packages"].items() if v),
-           f"- checkout {m['git'] or '(no git)'}; PTX manifests "
-           + ", ".join(f"{k} {v}" for k, v in m["ptx_manifests_sha256"].items()),
-           f"- budget {report['budget_s']:.0f} s, elapsed {report['elapsed_s']:.0f} s", "",
-           "| phase | status | seconds | predicted | summary |", "|---|---|---|---|---|"]
-    for p in report["phases"]:
-        text = p.get("summary") if p["status"] == "ok" else p.get("reason", "")
-        out.append(f"| {p['title']} | {p['status']} | {p['seconds']:.1f} | {p['predicted_s']:.0f} "
-                   f"| {(text or '').replace('|', '/')} |")
-    for p in report["phases"]:
-        if p["status"] == "skipped":
-            continue
-        out += ["", f"## {p['title']}", ""]
-        for c in p.get("checks", []):
-            out.append(f"- {'ok' if c['ok'] else '**FAILED**'}: {c['check']}"
-                       + (f" (exit {c['rc']}, {c['seconds']} s, {c['log']})" if "rc" in c else ""))
-            if not c["ok"] and c.get("tail"):
-                out += ["", "```", c["tail"][-1500:], "```"]
-        figures = {k: v for k, v in p.items() if k not in (
-            "name", "title", "status", "checks", "summary", "reason", "function_table", "top")}
-        out += ["", "```json", json.dumps(figures, indent=1, default=str, ensure_ascii=False)[:6000],
-                "```"]
-        for r in p.get("top", [])[:12]:
-            if r is p.get("top", [])[0]:
-                out += ["", "| launch | kernel | measured µs | central µs | ratio | binds |",
-                        "|---|---|---|---|---|---|"]
-            pred = (r.get("predicted_us") or {}).get("central")
-            out.append(f"| {r['label']} | {r['kernel']} | {_fmt(r['us'], '.1f')} | "
-                       f"{_fmt(pred, '.1f')} | {_fmt(r.get('ratio_central'), '.2f')} | "
-                       f"{r.get('binding') or '—'} |")
-    return "\n".join(out) + "\n"
 
 
 def main(argv=None) -> int:
