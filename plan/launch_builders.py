@@ -220,9 +220,29 @@ def predictions(ctx: Context, *, logits, pred, label: str) -> Launch:
                          num_warps=ctx.tu.ce_warps, num_stages=1, label=label)
 
 
+def _embed_learner(ctx: Context) -> dict:
+    return {"D": ctx.D, "W1_WORDS": SL.LOSS_WINDOW_WORDS, "BLOCK_V": ctx.tu.vocab_block,
+            "BLOCK_T": next_pow2(ctx.T), "BLOCK_D": next_pow2(ctx.D), **learner_constexprs(ctx.p)}
+
+
+def embed_decay(ctx: Context, *, ids, w1, label: str) -> Launch:
+    """AdamW with g = 0 on E's rows that no id of the context holds (and their zeros to w1), by
+    vocabulary blocks on at most `decay_programs` programs: the side lane's SM budget."""
+    tu = ctx.tu
+    if tu.decay_programs < 1:
+        raise ValueError(f"{label}: decay_programs = {tu.decay_programs}; hint: at least one")
+    return triton_launch("plan.kernels.embed_grad", "embed_decay",
+                         (min(cdiv(ctx.V, tu.vocab_block), tu.decay_programs),),
+                         {"ids_ptr": ids, "e_ptr": ctx.param("embed"), "w1_ptr": w1,
+                          "doorbell_ptr": ctx.doorbell(), "t_base": RunScalar("t_base", "i64"),
+                          "T": i32(ctx.T), "V": i32(ctx.V), "NPARAM": i32(ctx.N)},
+                         _embed_learner(ctx), num_warps=tu.vocab_warps, num_stages=1, label=label)
+
+
 def embed_grad(ctx: Context, *, ids, next_row, de, w1, label: str) -> Launch:
     """dE by vocabulary blocks, rows summed in increasing order, applied at once by AdamW to E's
-    P/M/V rows; dE's first words also to w1; one more program updates the two gains from dgain."""
+    present P/M/V rows (embed_decay has the absent ones); their dE words also to w1; one more
+    program updates the two gains from dgain."""
     tu = ctx.tu
     g0, g1 = GAINS
     return triton_launch("plan.kernels.embed_grad", "embed_grad",
@@ -232,10 +252,7 @@ def embed_grad(ctx: Context, *, ids, next_row, de, w1, label: str) -> Launch:
                           "gain1_ptr": ctx.param(g1), "dgain_ptr": ctx.buf("dgain"), "w1_ptr": w1,
                           "doorbell_ptr": ctx.doorbell(), "t_base": RunScalar("t_base", "i64"),
                           "T": i32(ctx.T), "V": i32(ctx.V), "NPARAM": i32(ctx.N)},
-                         {"D": ctx.D, "W1_WORDS": SL.LOSS_WINDOW_WORDS, "BLOCK_V": tu.vocab_block,
-                          "BLOCK_T": next_pow2(ctx.T), "BLOCK_D": next_pow2(ctx.D),
-                          **learner_constexprs(ctx.p)},
-                         num_warps=tu.vocab_warps, num_stages=1, label=label)
+                         _embed_learner(ctx), num_warps=tu.vocab_warps, num_stages=1, label=label)
 
 
 # ---------------------------------------------------------------- learner, casts, copies

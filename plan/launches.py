@@ -191,13 +191,22 @@ def _predictions(ctx: Context) -> Launch:
                          label="predictions")
 
 
+def _embed_decay(ctx: Context) -> Launch:
+    """E's absent rows (g = 0) at the very start of the update, on the side lane beside the
+    forward: forked after the stage-in (the ids and the doorbell it reads are staged there).
+    embed_fwd and embed_grad touch only present rows, so nothing orders them with it."""
+    stage_in = B.release_stage_in(ctx, SL.SUBMISSIONS.index("update"))
+    return forked(B.embed_decay(ctx, ids=ctx.inputs(), w1=loss_window("W1_EMBED_GRAD"),
+                                label="embed_backward.absent+adamw+w1"), stage_in, SIDE_LANE)
+
+
 def _bodies(ctx: Context) -> tuple[list[Launch], list[Launch], list[Launch]]:
     p, rows = ctx.p, _profiles.PREDICTION_ROWS
     refresh = B.cast_bf16(ctx, src=ctx.buf("pmv"), dst=ctx.buf("w16"), label="refresh_w16")
     first = ([refresh] + forward(ctx)
              + _records(ctx, rows, SL.record_forward_offset(p), "record_forward_offset")
              + [_predictions(ctx)])
-    update = forward(ctx) + backward(ctx)
+    update = [_embed_decay(ctx)] + forward(ctx) + backward(ctx)
     final = (forward(ctx)
              + _records(ctx, rows[-1:], SL.record_final_offset(p), "record_final_offset")
              + [_predictions(ctx),

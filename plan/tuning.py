@@ -45,6 +45,7 @@ class Tuning:
     dw_tile: tuple[int, int] = (128, 128)        # weight-gradient tiles (AdamW in the epilogue)
     dn_splits: int = 1                           # K splits of the products into a norm backward
     dw_programs: int = 64                        # programs of a side-lane weight-gradient launch
+    decay_programs: int = 16                     # programs of embed_decay (E's absent rows, side lane)
 
 
 H200 = Tuning(mm_tiles=((128, 128), (128, 64), (64, 64)), mm_min_programs=120, mm_block_k=64,
@@ -81,8 +82,8 @@ INTERPRETER = Tuning(mm_tiles=((128, 128),), mm_min_programs=1, mm_block_k=128, 
                      ce_rows=32, ce_warps=8, adamw_block=16384, adamw_warps=8, vocab_block=64,
                      vocab_warps=8, gain_cols=128, gain_rows=128, dw_tile=(128, 128), dn_splits=1,
                      # fewer programs than the 9 tiles of a layer's MLP half: the whole-plan tests
-                     # run the tile loop
-                     dw_programs=4)
+                     # run the tile loop (and embed_decay's block loop: 8 blocks on 2 programs)
+                     dw_programs=4, decay_programs=2)
 TUNING = {"coppelius": H200, "tiny": INTERPRETER}
 
 

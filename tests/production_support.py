@@ -1329,12 +1329,73 @@ class _Learner:
             case.output(arg, shape, T_ADAMW, at=plane * N, key=prefix + name)
 
 
+def _present_rows(case, rows: slice) -> np.ndarray:
+    """The rows of `rows` that some id of the context holds, increasing."""
+    ids = case.data["ids_ptr"].astype(np.int64)
+    return np.intersect1d(ids, np.arange(rows.start, rows.stop))
+
+
+def _row_words(case, rows: slice, pick: np.ndarray, values: np.ndarray):
+    """(key, index, value) of E's rows `pick` (a subset of `rows`, values (len(rows), D)) in the
+    w1 window: one region per row that the window reaches."""
+    D, w1 = case.const("D", "W1_WORDS")
+    for r in pick:
+        words = slice(int(r) * D, min((int(r) + 1) * D, w1))
+        if words.start < words.stop:
+            yield "w1_ptr", (words,), values[r - rows.start][:words.stop - words.start]
+
+
+@oracle("embed_decay")
+class _EmbedDecay:
+    """E's absent rows (no id of the context holds them): the reference learner with g = 0
+    (decayed), their w1 words zero; the present rows and their w1 words untouched (watched).
+    Program pid runs vocabulary blocks pid, pid + programs, …; only the sampled programs' blocks
+    of the planes are written as inputs."""
+
+    def setup(self, case):
+        T, V = case.scalar("T", "V")
+        D, bv = case.const("D", "BLOCK_V")
+        n, blocks = case.launch.grid[0], cdiv(V, bv)
+        if n > blocks:
+            raise AssertionError(f"{case.launch.kernel}: grid {n} for {blocks} vocabulary blocks")
+        _Learner.start(case)
+        case.hint = sample(n)
+        case.cache["blocks"] = {pid: list(range(pid, blocks, n)) for pid in case.hint}
+        mine = [b for pid in case.hint for b in case.cache["blocks"][pid]]
+        # a few present rows in blocks the sampled programs run (the first block among them,
+        # which the w1 window covers): both kinds of row in one block
+        hot = [min(int(b * bv + case.rng.integers(0, bv)), V - 1) for b in mine[::7] + [0]]
+        case.input("ids_ptr", values=_token_ids(case, T, V, hot))
+        for b in mine:
+            rows = _block(b, bv, V)
+            _Learner.planes(case, "e_ptr", rows.start * D, (rows.stop - rows.start) * D, f"E{b}")
+        _Learner.outputs(case, "e_ptr", (V, D), "E")
+        case.output("w1_ptr", (case.const("W1_WORDS"),), EXACT)
+
+    def programs(self, case):
+        return case.hint
+
+    def expect(self, case, pid):
+        V = case.scalar("V")
+        D, bv = case.const("D", "BLOCK_V")
+        for b in case.cache["blocks"][pid]:
+            rows = _block(b, bv, V)
+            absent = np.setdiff1d(np.arange(rows.start, rows.stop), _present_rows(case, rows))
+            zero = np.zeros((rows.stop - rows.start, D), np.float32)
+            new = [x.reshape(-1, D) for x in _Learner.update(case, f"E{b}", zero, True)]
+            for r in absent:
+                for name, x in zip("PMV", new):
+                    yield "E" + name, (slice(int(r), int(r) + 1),), x[r - rows.start][None]
+            yield from _row_words(case, rows, absent, zero)
+
+
 @oracle("embed_grad")
 class _EmbedGrad:
     """dE rows = Σ de over the rows holding each id, increasing row order (np.add.at, sequential:
-    the reference embed_backward's sum); w1 = dE's first W1_WORDS words; E's rows of P, M, V: the
-    reference learner on those sums (decayed); the last program: the two gains from dgain (not
-    decayed).  Only the sampled programs' rows of the planes are written as inputs."""
+    the reference embed_backward's sum); w1 = dE's first W1_WORDS words of the present rows; E's
+    present rows of P, M, V: the reference learner on those sums (decayed); the absent rows and
+    their w1 words untouched (watched: embed_decay's); the last program: the two gains from dgain
+    (not decayed).  Only the sampled programs' rows of the planes are written as inputs."""
 
     def setup(self, case):
         T, V = case.scalar("T", "V")
@@ -1377,11 +1438,12 @@ class _EmbedGrad:
         want = np.zeros((rows.stop - rows.start, D), np.float32)
         hit = np.flatnonzero((ids >= rows.start) & (ids < rows.stop))    # increasing rows
         np.add.at(want, ids[hit] - rows.start, case.data["de_ptr"][hit])
-        for name, new in zip("PMV", _Learner.update(case, f"E{pid}", want, True)):
-            yield "E" + name, (rows,), new.reshape(-1, D)
-        words = slice(rows.start * D, min(rows.stop * D, w1))
-        if words.start < words.stop:
-            yield "w1_ptr", (words,), want.reshape(-1)[:words.stop - words.start]
+        present = _present_rows(case, rows)
+        new = [x.reshape(-1, D) for x in _Learner.update(case, f"E{pid}", want, True)]
+        for r in present:
+            for name, x in zip("PMV", new):
+                yield "E" + name, (slice(int(r), int(r) + 1),), x[r - rows.start][None]
+        yield from _row_words(case, rows, present, want)
 
 
 def weight_grad_program(pid: int, tiles: list[int], programs: int) -> list[tuple[int, int]]:

@@ -20,7 +20,7 @@ from plan import reference as ref
 from plan.kernels.adamw import adamw
 from plan.kernels.copy import copy_f32
 from plan.kernels.cross_entropy import cross_entropy, predictions
-from plan.kernels.embed_grad import embed_grad
+from plan.kernels.embed_grad import embed_decay, embed_grad
 from plan.kernels.norms import embed_fwd, final_norm, rmsnorm_bwd, rmsnorm_bwd_gain
 
 RNG = np.random.default_rng(11)
@@ -245,9 +245,14 @@ def test_predictions_argmax_and_validity(shape):
     assert pred.tolist() == [[5, 1], [4, 0], [int(np.argmax(logits[T - 1])), 1]]
 
 
-def _embed_grad(s: Rows, ids, nxt, de, dgain, w1_words: int):
-    """Run embed_grad on fresh P/M/V planes: E (V, D) at 0, then the gains at GAP words after
-    it and after each other → (planes before, planes after, w1)."""
+DECAY_PROGRAMS = 3             # embed_decay programs: fewer than the vocabulary blocks (a loop)
+
+
+def _embed_grad(s: Rows, ids, nxt, de, dgain, w1_words: int, kernels=("decay", "grad")):
+    """Run embed_decay (E's absent rows) and embed_grad (the present rows, the gains) in the
+    order `kernels` names them (the update's: decay first) on fresh P/M/V planes: E (V, D) at 0,
+    then the gains at GAP words after it and after each other → (planes before, planes after,
+    w1, gain offsets)."""
     V, D = s.V, s.D
     n = V * D + 3 * GAP + 2 * D
     before = [(0.02 * RNG.standard_normal(n)).astype(np.float32),
@@ -256,10 +261,17 @@ def _embed_grad(s: Rows, ids, nxt, de, dgain, w1_words: int):
     pmv = _t(np.concatenate(before))
     g0, g1 = V * D + GAP, V * D + 2 * GAP + D
     w1 = poisoned((w1_words + 5,))                                # words past the window: unwritten
-    embed_grad[(cdiv(V, VOCAB_BLOCK) + 1,)](
-        _t(ids.view(np.int32)), nxt, de, pmv, pmv[g0:], pmv[g1:], _t(dgain), w1,
-        torch.tensor([DOORBELL], dtype=torch.int32), T_BASE, s.T, V, n, D=D, W1_WORDS=w1_words,
-        BLOCK_V=VOCAB_BLOCK, BLOCK_T=s.block_t, BLOCK_D=next_pow2(D), **LEARNER)
+    ids_t, bell = _t(ids.view(np.int32)), torch.tensor([DOORBELL], dtype=torch.int32)
+    blocks = dict(D=D, W1_WORDS=w1_words, BLOCK_V=VOCAB_BLOCK, BLOCK_T=s.block_t,
+                  BLOCK_D=next_pow2(D), **LEARNER)
+    for k in kernels:
+        if k == "decay":
+            embed_decay[(min(DECAY_PROGRAMS, cdiv(V, VOCAB_BLOCK)),)](
+                ids_t, pmv, w1, bell, T_BASE, s.T, V, n, **blocks)
+        else:
+            embed_grad[(cdiv(V, VOCAB_BLOCK) + 1,)](
+                ids_t, nxt, de, pmv, pmv[g0:], pmv[g1:], _t(dgain), w1, bell, T_BASE, s.T, V, n,
+                **blocks)
     got = f32(pmv)
     return before, [got[:n], got[n:2 * n], got[2 * n:]], w1, (g0, g1)
 
@@ -305,6 +317,44 @@ def test_embed_grad_sums_rows_in_order_and_applies_adamw(shape):
     rest[E] = rest[g0:g0 + D] = rest[g1:g1 + D] = False
     for name, b, a in zip("PMV", before, after):
         assert_bitwise(f"{name} outside E and the gains", a[rest], b[rest])
+
+
+@pytest.mark.parametrize("shape", SHAPE_IDS)
+def test_embed_decay_and_embed_grad_divide_e_by_the_ids(shape):
+    """Issue 14 round 3: embed_decay updates exactly E's absent rows (g = 0) and their w1 words,
+    embed_grad exactly the present ones; each leaves the other's rows bit for bit as they were
+    (so the update may run them in either order, or at once), and both orders give the same bits."""
+    s = SHAPES[shape]
+    T, D, V = s.T, s.D, s.V
+    de = RNG.standard_normal((T, D)).astype(np.float32)
+    ids = RNG.integers(0, min(40, V), T).astype(np.uint32)
+    ids[-1] = V - 1                                               # the last row of E present
+    nxt = _links(s, ids)
+    dgain = RNG.standard_normal((2, D)).astype(np.float32)
+    present = np.zeros(V, bool)
+    present[ids] = True
+    E = slice(0, V * D)
+    rows = lambda b: b[E].reshape(V, D)                           # noqa: E731
+    words = np.repeat(present, D)[:s.w1_words]                    # w1 words of present rows
+    state = RNG.bit_generator.state
+    for only, mine in (("decay", ~present), ("grad", present)):
+        RNG.bit_generator.state = state                           # the same planes each time
+        before, after, w1, _ = _embed_grad(s, ids, nxt, _t(de), dgain, s.w1_words, (only,))
+        for name, b, a in zip("PMV", before, after):
+            assert_bitwise(f"{only}: E's {name} rows it does not own", rows(a)[~mine], rows(b)[~mine])
+            assert (rows(a)[mine] != rows(b)[mine]).any(), f"{only} left its own {name} rows alone"
+        own = words if only == "grad" else ~words
+        own = torch.from_numpy(own)
+        assert_unwritten(f"{only}: w1 words of the other kernel's rows", w1[:s.w1_words][~own])
+        assert_written(f"{only}: w1 words of its rows", w1[:s.w1_words][own])
+    runs = []
+    for order in (("decay", "grad"), ("grad", "decay")):
+        RNG.bit_generator.state = state
+        runs.append(_embed_grad(s, ids, nxt, _t(de), dgain, s.w1_words, order))
+    for name, a, b in zip("PMV", runs[0][1], runs[1][1]):
+        assert_bitwise(f"{name}, decay first vs grad first", a, b)
+    assert_bitwise("w1, decay first vs grad first", f32(runs[0][2])[:s.w1_words],
+                   f32(runs[1][2])[:s.w1_words])
 
 
 @pytest.mark.parametrize("shape", SHAPE_IDS)

@@ -23,7 +23,7 @@ for _p in (ROOT, Path(__file__).resolve().parent):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
-from cost_inputs import EMBED_CHAIN, LINE  # noqa: E402
+from cost_inputs import EMBED_CHAIN, EMBED_DISTINCT, LINE  # noqa: E402
 from plan import launches  # noqa: E402
 from plan.attention_split import AttentionSplit  # noqa: E402
 from plan.buffers import DTYPE_BYTES  # noqa: E402
@@ -497,6 +497,30 @@ def _embed_fwd(v: View) -> Work:
                 staging=ids)
 
 
+def _present(T: int, V: int) -> float:
+    """The fraction of E's rows a context's ids hold (EMBED_DISTINCT, at most T and V)."""
+    return min(EMBED_DISTINCT, T, V) / V
+
+
+@family("embed_decay")
+def _embed_decay(v: View) -> Work:
+    T, V, D, BV = v.scalar("T"), v.scalar("V"), v.c["D"], v.c["BLOCK_V"]
+    P, blocks = v.programs, cdiv(V, BV)
+    # per vocabulary block a program reads the T ids (from L2), compares them with its BLOCK_V
+    # ids, then updates the absent rows (g = 0: P, M, V in and out), spread evenly over the blocks
+    absent = 1.0 - _present(T, V)
+    fixed, staged = _doorbell(v, P)
+    e = BV * D * absent
+    trip = Step(load_bytes=T * 4 + _PMV_BYTES * e, store_bytes=_PMV_BYTES * e,
+                mufu_ops=_ADAMW_MUFU * e, alu_ops=3 * BV * T + _ADAMW_ALU * e, phases=1,
+                l2_trips=1, hbm_trips=1)
+    more, base = blocks % P, blocks // P              # the first `more` programs run base + 1
+    groups = tuple(uniform(n, k, trip, fixed) for n, k in ((more, base + 1), (P - more, base)) if n)
+    w1 = v.c["W1_WORDS"] * 4 * absent
+    return Work(groups, hbm_bytes=T * 4 + V * D * absent * 2 * _PMV_BYTES,
+                staging=staged + (Staging("w1_ptr", write_bytes=w1),))
+
+
 @family("embed_grad")
 def _embed_grad(v: View) -> Work:
     T, V, D, BV = v.scalar("T"), v.scalar("V"), v.c["D"], v.c["BLOCK_V"]
@@ -504,11 +528,13 @@ def _embed_grad(v: View) -> Work:
     # every program reads all T ids and compares them with its BLOCK_V ids, then walks the
     # chains: one dependent trip per occurrence of its most frequent id (program 0 holds the
     # markers: EMBED_CHAIN trips; the others one) — a de row and a next-row link per trip; then
-    # AdamW on its BLOCK_V rows of E (P, M, V in and out)
+    # AdamW on its present rows of E (P, M, V in and out; embed_decay has the absent ones),
+    # spread evenly over the blocks
     ids_staged = "ids_ptr" in v.staging_args()
     start, staged = _doorbell(v, v.programs)
     trip = Step(load_bytes=D * 4 + 4, alu_ops=4 * BV * D, phases=1, l2_trips=1)
-    e = BV * D
+    present = _present(T, V)
+    e = BV * D * present
     fixed = _plus(start, Step(load_bytes=(0 if ids_staged else T * 4) + _PMV_BYTES * e,
                               store_bytes=_PMV_BYTES * e, mufu_ops=_ADAMW_MUFU * e,
                               alu_ops=3 * BV * T + _ADAMW_ALU * e, phases=1,
@@ -520,11 +546,11 @@ def _embed_grad(v: View) -> Work:
     gains = uniform(1, 1, _plus(start, Step(load_bytes=g * 4 + _PMV_BYTES * g,
                                             store_bytes=_PMV_BYTES * g, mufu_ops=_ADAMW_MUFU * g,
                                             alu_ops=_ADAMW_ALU * g, hbm_trips=1)))
-    w1 = v.c["W1_WORDS"] * 4
+    w1 = v.c["W1_WORDS"] * 4 * present
     ids = ((Staging("ids_ptr", read_bytes=P * T * 4, read_requests=P * lines(T * 4),
                     unique_bytes=T * 4),) if ids_staged else ())
     return Work((Programs(trips, trip, fixed), gains),
-                hbm_bytes=T * D * 4 + T * 4 + T * 4 + V * D * 2 * _PMV_BYTES
+                hbm_bytes=T * D * 4 + T * 4 + T * 4 + V * D * present * 2 * _PMV_BYTES
                 + g * (4 + 2 * _PMV_BYTES),
                 extra_l2_bytes=missing_rows * (D * 4 + 4),
                 staging=ids + staged + (Staging("w1_ptr", write_bytes=w1),))
