@@ -207,8 +207,15 @@ def cross_entropy(ctx: Context, *, logits, targets, loss, w0, dlogits, label: st
     return triton_launch("plan.kernels.cross_entropy", "cross_entropy", (cdiv(ctx.T, tu.ce_rows),),
                          {"logits_ptr": logits, "targets_ptr": targets, "loss_ptr": loss,
                           "w0_ptr": w0, "dlogits_ptr": dlogits, "T": i32(ctx.T)},
-                         {"V": ctx.V, "ROWS": tu.ce_rows, "BLOCK_V": next_pow2(ctx.V)},
+                         {"V": ctx.V, "ROWS": tu.ce_rows, "BLOCK_V": next_pow2(ctx.V),
+                          "INV_T": inverse_power_of_two(ctx.T)},
                          num_warps=tu.ce_warps, num_stages=1, label=label)
+
+
+def inverse_power_of_two(n: int) -> float:
+    """1/n when n is a power of two (exact in fp32 for n ≤ 2^126), else 0.0: cross_entropy
+    multiplies by it instead of dividing by n, with the same bits."""
+    return 1.0 / n if n > 0 and n & (n - 1) == 0 else 0.0
 
 
 def predictions(ctx: Context, *, logits, pred, label: str) -> Launch:

@@ -216,17 +216,37 @@ def test_cross_entropy_writes_ce_twice_and_bf16_dlogits(shape):
     logits = (4 * RNG.standard_normal((T, V))).astype(np.float32)
     targets = RNG.integers(0, V, T).astype(np.uint32)
     targets[0], targets[-1] = 0, V - 1                           # the first and the last class
-    loss, w0 = poisoned((T,)), poisoned((T,))
-    dl = poisoned((T, V), torch.bfloat16)
-    cross_entropy[(cdiv(T, CE_ROWS),)](_t(logits), _t(targets.view(np.int32)), loss, w0, dl, T, V=V,
-                                       ROWS=CE_ROWS, BLOCK_V=next_pow2(V))
-    for name, t in (("loss", loss), ("w0", w0), ("dlogits", dl)):
-        assert_written(name, t)
+
+    def run(inv_t):
+        loss, w0 = poisoned((T,)), poisoned((T,))
+        dl = poisoned((T, V), torch.bfloat16)
+        cross_entropy[(cdiv(T, CE_ROWS),)](_t(logits), _t(targets.view(np.int32)), loss, w0, dl, T,
+                                           V=V, ROWS=CE_ROWS, BLOCK_V=next_pow2(V), INV_T=inv_t)
+        for name, t in (("loss", loss), ("w0", w0), ("dlogits", dl)):
+            assert_written(name, t)
+        return loss, w0, dl
+
+    inv_t = launch_builders.inverse_power_of_two(T)
+    loss, w0, dl = run(inv_t)
     want = ref.cross_entropy(logits, targets.astype(np.int64))
     assert_close("ce", f32(loss), want, ELEMENTWISE)
     assert_bitwise("w0 is the same per-row cross-entropy", f32(w0), f32(loss))
     assert_close("dlogits", f32(dl), ref.bf16(ref.cross_entropy_backward(logits, targets)),
                  ONE_BF16_ULP)
+    if inv_t:                                 # T a power of two: the product is the quotient
+        assert_bitwise("dlogits, × 1/T vs ÷ T", f32(dl), f32(run(0.0)[2]))
+
+
+def test_a_power_of_two_inverse_multiplies_as_the_division_rounds():
+    """x · 2^−k and x / 2^k are the same correctly rounded number, subnormal results included,
+    for the fp32 values cross_entropy scales (softmax − onehot ∈ [−1, 1])."""
+    x = np.concatenate([RNG.uniform(-1, 1, 100_000), RNG.uniform(-1e-35, 1e-35, 100_000),
+                        [0.0, -0.0, 1.0, -1.0, np.finfo(np.float32).tiny]]).astype(np.float32)
+    for n in (1, 16, 1024, 2 ** 20):
+        inv = np.float32(launch_builders.inverse_power_of_two(n))
+        assert inv == np.float32(1.0) / np.float32(n)
+        assert_bitwise(f"x × 1/{n} vs x / {n}", x * inv, x / np.float32(n))
+    assert [launch_builders.inverse_power_of_two(n) for n in (0, 3, 77, 1000)] == [0.0] * 4
 
 
 @pytest.mark.parametrize("shape", [k for k in SHAPE_IDS if SHAPES[k].T >= 3])   # three rows

@@ -461,11 +461,14 @@ def _rmsnorm_bwd_gain(v: View) -> Work:
 def _cross_entropy(v: View) -> Work:
     T, V, R = v.scalar("T"), v.c["V"], v.c["ROWS"]
     e = R * V
-    # one fp32 logits row in, bf16 dlogits out; exp, two div_rn per element; max/sum/pick
+    # one fp32 logits row in, bf16 dlogits out; exp and the softmax's div_rn per element, and a
+    # second div_rn by T unless T is a power of two (INV_T: a multiplication); max/sum/pick
     # reductions; the rows' targets (staging, or the staged device copy: an L2 hit) on the chain
     staged = "targets_ptr" in v.staging_args()
-    step = Step(load_bytes=e * 4 + (0 if staged else R * 4), store_bytes=e * 2, mufu_ops=3 * e,
-                alu_ops=30 * e, phases=3, hbm_trips=1, staging_trips=1 if staged else 0,
+    divisions = 1 if v.c.get("INV_T") else 2
+    step = Step(load_bytes=e * 4 + (0 if staged else R * 4), store_bytes=e * 2,
+                mufu_ops=(1 + divisions) * e, alu_ops=(10 + 10 * divisions) * e, phases=3,
+                hbm_trips=1, staging_trips=1 if staged else 0,
                 l2_trips=0 if staged else 1)
     targets = ((Staging("targets_ptr", read_bytes=T * 4, read_requests=v.programs,
                         unique_bytes=T * 4),) if staged else ())
