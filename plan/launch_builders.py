@@ -73,6 +73,18 @@ def embed_fwd(ctx: Context, *, ids, table, g, emb, rstd, x, ssq, rope, next_row,
                          num_warps=tu.rows_warps, num_stages=1, label=label)
 
 
+def rmsnorm_rows(ctx: Context, *, x, ssq, h16, rstd, label: str) -> Launch:
+    """h16 = bf(rmsnorm(x)) and rstd of T rows, r from the producer's partial sums of squares:
+    the SwiGLU forward's bf16 operand (and the backward's), written once."""
+    tu = ctx.tu
+    return triton_launch("plan.kernels.norms", "rmsnorm_rows", (_row_programs(ctx),),
+                         {"x_ptr": x, "ssq_ptr": ssq, "h16_ptr": h16, "rstd_ptr": rstd,
+                          "T": i32(ctx.T)},
+                         {"D": ctx.D, "SSQ_PARTS": ssq_parts(tu, ctx.T, ctx.D), "BLOCK_R": tu.rows,
+                          "BLOCK_D": next_pow2(ctx.D)},
+                         num_warps=tu.rows_warps, num_stages=1, label=label)
+
+
 def final_norm(ctx: Context, *, x, g, h16, rstd, label: str) -> Launch:
     """h16 = bf(rmsnorm(x)·g) and rstd of T rows: the head's bf16 input, written once."""
     tu = ctx.tu

@@ -45,9 +45,17 @@ def _layer_forward(ctx: Context, ly: LayerRefs) -> list[Launch]:
                               o16=ly.o16, o32=ly.o32, lse=ly.lse, label=ly.label("attention.merge")),
         MM.matmul_residual(ctx, a=ly.o16, b=ly.wo, x=ly.resid_attn, out=ly.resid_mlp,
                            ssq=ly.ssq_mlp, M=T, N=D, K=Hd, label=ly.label("out_proj")),
-        MM.matmul_swiglu(ctx, x=ly.resid_mlp, ssq=ly.ssq_mlp, wg=ly.wgate_up, wu=ly.wup, ab=ly.ab,
-                         z=ly.z16, h16=ly.h16_mlp, rstd=ly.rstd_mlp,
-                         label=ly.label("mlp.norm+swiglu")),
+    ] + _mlp_forward(ctx, ly)
+
+
+def _mlp_forward(ctx: Context, ly: LayerRefs) -> list[Launch]:
+    """The MLP's norm (a row launch: h16 and rstd), SwiGLU on h16, down with the residual."""
+    T, D, F = ctx.T, ctx.D, ctx.F
+    return [
+        B.rmsnorm_rows(ctx, x=ly.resid_mlp, ssq=ly.ssq_mlp, h16=ly.h16_mlp, rstd=ly.rstd_mlp,
+                       label=ly.label("mlp.norm")),
+        MM.matmul_swiglu(ctx, h16=ly.h16_mlp, wg=ly.wgate_up, wu=ly.wup, ab=ly.ab, z=ly.z16,
+                         label=ly.label("mlp.swiglu")),
         MM.matmul_residual(ctx, a=ly.z16, b=ly.wdown, x=ly.resid_mlp, out=ly.resid_out,
                            ssq=ly.ssq_out, M=T, N=D, K=F, label=ly.label("mlp.down")),
     ]

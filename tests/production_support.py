@@ -815,17 +815,18 @@ class _MatmulRotary:
 
 @oracle("matmul_swiglu")
 class _MatmulSwiglu:
-    """ab = [a | b], z16 = bf(silu(a)·b), h = rmsnorm(x): the reference mlp stage on the tile."""
+    """ab = [a | b], z16 = bf(silu(a)·b) from h16 = bf(rmsnorm(x)): the reference mlp stage on the
+    tile (x is the oracle's; the kernel reads the bf16 rows rmsnorm_rows would write)."""
 
     def setup(self, case):
         M, N, K, *_ = _matmul_dims(case)
-        _ssq_input(case, case.input("x_ptr", (M, K), scale=2.0))
+        x = 2.0 * case.rng.standard_normal((M, K), dtype=np.float32)
+        case.cache["x"] = x
+        case.input("h16_ptr", values=ref.bf16(ref.rmsnorm(x)[0]))
         case.input("wg_ptr", (N, K), scale=0.1)
         case.input("wu_ptr", (N, K), scale=0.1)
         case.output("ab_ptr", (M, 2 * N), T_ULP)
         case.output("z_ptr", (M, N), T_Z16)
-        case.output("h16_ptr", (M, K), T_ULP)
-        case.output("rstd_ptr", (M,), T_ELEM)
 
     def programs(self, case):
         return _matmul_programs(case)
@@ -834,12 +835,32 @@ class _MatmulSwiglu:
         pn, rows, cols = _tile(case, pid)
         N, K = case.scalar("N", "K")
         no_down = np.zeros((K, cols.stop - cols.start), np.float32)   # the oracle's, not an input
-        m = ref.mlp(case.data["x_ptr"][rows], case.data["wg_ptr"][cols], case.data["wu_ptr"][cols],
+        m = ref.mlp(case.cache["x"][rows], case.data["wg_ptr"][cols], case.data["wu_ptr"][cols],
                     no_down)
         yield "ab_ptr", (rows, cols), m.a
         yield "ab_ptr", (rows, slice(N + cols.start, N + cols.stop)), m.b
         yield "z_ptr", (rows, cols), ref.bf16(m.z)
-        yield from _prologue_expect(case, pn, rows, m.h, m.r)
+
+
+@oracle("rmsnorm_rows")
+class _RmsnormRows:
+    """h16 = bf(rmsnorm(x)) and rstd from x and its producer's partial sums of squares: the
+    reference rmsnorm (the MLP sites' norm, formed once for the SwiGLU forward)."""
+
+    def setup(self, case):
+        T, D = case.scalar("T"), case.const("D")
+        _ssq_input(case, case.input("x_ptr", (T, D), scale=3.0))
+        case.output("h16_ptr", (T, D), T_ULP)
+        case.output("rstd_ptr", (T,), T_ELEM)
+
+    def programs(self, case):
+        return sample(case.launch.grid[0])
+
+    def expect(self, case, pid):
+        rows = _block(pid, case.const("BLOCK_R"), case.scalar("T"))
+        y, r = ref.rmsnorm(case.data["x_ptr"][rows])
+        yield "h16_ptr", (rows,), ref.bf16(y)
+        yield "rstd_ptr", (rows,), r
 
 
 @oracle("matmul_delta")

@@ -16,8 +16,8 @@ from plan import launches, profiles
 
 # profile: (sha256 of the launch lists, launches per submission, distinct compiled entries)
 PINS = {
-    "coppelius": ("24f2372d38ff8cef0d6d263bc65737af4783684c7d826293e0219dbbe2481a28", (64, 156, 63), 26),
-    "tiny": ("570ea21e2b8b60e19b03daf70b2e57907722bd210cdd893db04b5789b3f550b5", (22, 44, 21), 26),
+    "coppelius": ("48169eca4d884137b4a107caffeee440ef0dc40e15d945aca85bd41c075046b7", (73, 165, 72), 27),
+    "tiny": ("16369bec9a36f5b1f2183baddf681caba0284c7df0132646a05a13880c265004", (24, 46, 23), 27),
 }
 
 

@@ -164,7 +164,7 @@ def _matmul(v: View) -> Work:
 
 
 def _norm_prologue(v: View, products: int, epilogue: Step, out_unique: float) -> Work:
-    """matmul_rotary / _swiglu: each program forms its rows' r from the producer's
+    """matmul_rotary: each program forms its rows' r from the producer's
     SSQ_PARTS partial sums of squares (a dependent load of BM × parts words before the K loop),
     then loads the fp32 rows, scales and rounds them as the A operand (fp32 A read once per
     column tile); programs of column tile 0 store h16 and rstd."""
@@ -207,11 +207,16 @@ def _matmul_rotary(v: View) -> Work:
 
 @family("matmul_swiglu")
 def _matmul_swiglu(v: View) -> Work:
-    M, N = v.scalar("M"), v.scalar("N")
-    BM, BN = v.c["BLOCK_M"], v.c["BLOCK_N"]
-    # ab = [a|b] fp32 and z = bf(silu(a)·b) out: exp + div_rn per element
-    epi = Step(store_bytes=BM * BN * (8 + 2), mufu_ops=2 * BM * BN, alu_ops=15 * BM * BN)
-    return _norm_prologue(v, 2, epi, out_unique=M * N * (8 + 2))
+    M, N, K = v.scalar("M"), v.scalar("N"), v.scalar("K")
+    BM, BN, BK = v.c["BLOCK_M"], v.c["BLOCK_N"], v.c["BLOCK_K"]
+    # two products of the bf16 h16 rmsnorm_rows wrote; ab = [a|b] fp32 and z = bf(silu(a)·b)
+    # out: exp + div_rn per element
+    tiles = _tiles(v, M, N, BM, BN)
+    step = _mm_step(v, BM, BN, BK, v.elem("h16_ptr"), v.elem("wg_ptr"), 2)
+    e = BM * BN
+    fixed = Step(store_bytes=e * (8 + 2), mufu_ops=2 * e, alu_ops=15 * e, phases=1, hbm_trips=1)
+    return Work((uniform(tiles, cdiv(K, BK), step, fixed),),
+                hbm_bytes=M * K * 2 + 2 * N * K * v.elem("wg_ptr") + M * N * (8 + 2))
 
 
 @family("matmul_delta")
@@ -442,6 +447,18 @@ def _final_norm(v: View) -> Work:
     step = Step(load_bytes=R * D * 4 + D * 4, store_bytes=R * D * 2 + R * 4, alu_ops=6 * R * D,
                 mufu_ops=R, phases=1, hbm_trips=1)
     return Work((uniform(v.programs, 1, step),), hbm_bytes=T * D * (4 + 2) + D * 4 + T * 4)
+
+
+@family("rmsnorm_rows")
+def _rmsnorm_rows(v: View) -> Work:
+    T, D, R, parts = v.scalar("T"), v.c["D"], v.c["BLOCK_R"], v.c["SSQ_PARTS"]
+    # the rows' partial sums of squares, then BLOCK_R fp32 rows in (a dependent load after r),
+    # bf16 rows and rstd out
+    step = Step(load_bytes=R * parts * 4 + R * D * 4, store_bytes=R * D * 2 + R * 4,
+                alu_ops=(2 + parts) * R + 2 * R * D, mufu_ops=3 * R, phases=1,
+                l2_trips=1, hbm_trips=1)
+    return Work((uniform(v.programs, 1, step),),
+                hbm_bytes=T * D * (4 + 2) + T * 4 + parts * T * 4)
 
 
 @family("rmsnorm_bwd_gain")
