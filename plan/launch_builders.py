@@ -73,6 +73,18 @@ def embed_fwd(ctx: Context, *, ids, table, g, emb, rstd, x, ssq, rope, next_row,
                          num_warps=tu.rows_warps, num_stages=1, label=label)
 
 
+def rmsnorm_rows(ctx: Context, *, x, ssq, h16, rstd, label: str) -> Launch:
+    """h16 = bf(rmsnorm(x)) and rstd of T rows, r from the producer's partial sums of squares:
+    the SwiGLU forward's bf16 operand (and the backward's), written once."""
+    tu = ctx.tu
+    return triton_launch("plan.kernels.norms", "rmsnorm_rows", (_row_programs(ctx),),
+                         {"x_ptr": x, "ssq_ptr": ssq, "h16_ptr": h16, "rstd_ptr": rstd,
+                          "T": i32(ctx.T)},
+                         {"D": ctx.D, "SSQ_PARTS": ssq_parts(tu, ctx.T, ctx.D), "BLOCK_R": tu.rows,
+                          "BLOCK_D": next_pow2(ctx.D)},
+                         num_warps=tu.rows_warps, num_stages=1, label=label)
+
+
 def final_norm(ctx: Context, *, x, g, h16, rstd, label: str) -> Launch:
     """h16 = bf(rmsnorm(x)·g) and rstd of T rows: the head's bf16 input, written once."""
     tu = ctx.tu
@@ -207,8 +219,15 @@ def cross_entropy(ctx: Context, *, logits, targets, loss, w0, dlogits, label: st
     return triton_launch("plan.kernels.cross_entropy", "cross_entropy", (cdiv(ctx.T, tu.ce_rows),),
                          {"logits_ptr": logits, "targets_ptr": targets, "loss_ptr": loss,
                           "w0_ptr": w0, "dlogits_ptr": dlogits, "T": i32(ctx.T)},
-                         {"V": ctx.V, "ROWS": tu.ce_rows, "BLOCK_V": next_pow2(ctx.V)},
+                         {"V": ctx.V, "ROWS": tu.ce_rows, "BLOCK_V": next_pow2(ctx.V),
+                          "INV_T": inverse_power_of_two(ctx.T)},
                          num_warps=tu.ce_warps, num_stages=1, label=label)
+
+
+def inverse_power_of_two(n: int) -> float:
+    """1/n when n is a power of two (exact in fp32 for n ≤ 2^126), else 0.0: cross_entropy
+    multiplies by it instead of dividing by n, with the same bits."""
+    return 1.0 / n if n > 0 and n & (n - 1) == 0 else 0.0
 
 
 def predictions(ctx: Context, *, logits, pred, label: str) -> Launch:
@@ -220,9 +239,29 @@ def predictions(ctx: Context, *, logits, pred, label: str) -> Launch:
                          num_warps=ctx.tu.ce_warps, num_stages=1, label=label)
 
 
+def _embed_learner(ctx: Context) -> dict:
+    return {"D": ctx.D, "W1_WORDS": SL.LOSS_WINDOW_WORDS, "BLOCK_V": ctx.tu.vocab_block,
+            "BLOCK_T": next_pow2(ctx.T), "BLOCK_D": next_pow2(ctx.D), **learner_constexprs(ctx.p)}
+
+
+def embed_decay(ctx: Context, *, ids, w1, label: str) -> Launch:
+    """AdamW with g = 0 on E's rows that no id of the context holds (and their zeros to w1), by
+    vocabulary blocks on at most `decay_programs` programs: the side lane's SM budget."""
+    tu = ctx.tu
+    if tu.decay_programs < 1:
+        raise ValueError(f"{label}: decay_programs = {tu.decay_programs}; hint: at least one")
+    return triton_launch("plan.kernels.embed_grad", "embed_decay",
+                         (min(cdiv(ctx.V, tu.vocab_block), tu.decay_programs),),
+                         {"ids_ptr": ids, "e_ptr": ctx.param("embed"), "w1_ptr": w1,
+                          "doorbell_ptr": ctx.doorbell(), "t_base": RunScalar("t_base", "i64"),
+                          "T": i32(ctx.T), "V": i32(ctx.V), "NPARAM": i32(ctx.N)},
+                         _embed_learner(ctx), num_warps=tu.vocab_warps, num_stages=1, label=label)
+
+
 def embed_grad(ctx: Context, *, ids, next_row, de, w1, label: str) -> Launch:
     """dE by vocabulary blocks, rows summed in increasing order, applied at once by AdamW to E's
-    P/M/V rows; dE's first words also to w1; one more program updates the two gains from dgain."""
+    present P/M/V rows (embed_decay has the absent ones); their dE words also to w1; one more
+    program updates the two gains from dgain."""
     tu = ctx.tu
     g0, g1 = GAINS
     return triton_launch("plan.kernels.embed_grad", "embed_grad",
@@ -232,10 +271,7 @@ def embed_grad(ctx: Context, *, ids, next_row, de, w1, label: str) -> Launch:
                           "gain1_ptr": ctx.param(g1), "dgain_ptr": ctx.buf("dgain"), "w1_ptr": w1,
                           "doorbell_ptr": ctx.doorbell(), "t_base": RunScalar("t_base", "i64"),
                           "T": i32(ctx.T), "V": i32(ctx.V), "NPARAM": i32(ctx.N)},
-                         {"D": ctx.D, "W1_WORDS": SL.LOSS_WINDOW_WORDS, "BLOCK_V": tu.vocab_block,
-                          "BLOCK_T": next_pow2(ctx.T), "BLOCK_D": next_pow2(ctx.D),
-                          **learner_constexprs(ctx.p)},
-                         num_warps=tu.vocab_warps, num_stages=1, label=label)
+                         _embed_learner(ctx), num_warps=tu.vocab_warps, num_stages=1, label=label)
 
 
 # ---------------------------------------------------------------- learner, casts, copies

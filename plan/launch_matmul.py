@@ -155,9 +155,10 @@ def matmul_delta(ctx: Context, *, dres16, wo, do, o32, delta, label: str) -> Lau
                   {"HEAD_DIM": p.head_dim}, ctx.T, p.q_width, ctx.D, label, heads=p.head_dim)
 
 
-def matmul_swiglu(ctx: Context, *, x, ssq, wg, wu, ab, z, h16, rstd, label: str) -> Launch:
-    """rmsnorm(x) in the prologue (r from ssq; h16, rstd stored), gate and up products, SwiGLU."""
+def matmul_swiglu(ctx: Context, *, h16, wg, wu, ab, z, label: str) -> Launch:
+    """Gate and up products of h16 = bf(rmsnorm(x)) (a rmsnorm_rows launch wrote it), SwiGLU."""
+    tu = ctx.tu
     return _tiled(ctx, "matmul_swiglu",
-                  {"x_ptr": x, "ssq_ptr": ssq, "wg_ptr": wg, "wu_ptr": wu, "ab_ptr": ab, "z_ptr": z,
-                   "h16_ptr": h16, "rstd_ptr": rstd}, _parts(ctx), ctx.T, ctx.F, ctx.D, label,
-                  shape=(ctx.tu.mm_warps, ctx.tu.mm_stages))   # the tuning's shape whatever the tile
+                  {"h16_ptr": h16, "wg_ptr": wg, "wu_ptr": wu, "ab_ptr": ab, "z_ptr": z}, {},
+                  ctx.T, ctx.F, ctx.D, label, tiles=tu.swiglu_tiles or None,
+                  shape=(tu.mm_warps, tu.mm_stages))   # the tuning's shape whatever the tile

@@ -45,9 +45,17 @@ def _layer_forward(ctx: Context, ly: LayerRefs) -> list[Launch]:
                               o16=ly.o16, o32=ly.o32, lse=ly.lse, label=ly.label("attention.merge")),
         MM.matmul_residual(ctx, a=ly.o16, b=ly.wo, x=ly.resid_attn, out=ly.resid_mlp,
                            ssq=ly.ssq_mlp, M=T, N=D, K=Hd, label=ly.label("out_proj")),
-        MM.matmul_swiglu(ctx, x=ly.resid_mlp, ssq=ly.ssq_mlp, wg=ly.wgate_up, wu=ly.wup, ab=ly.ab,
-                         z=ly.z16, h16=ly.h16_mlp, rstd=ly.rstd_mlp,
-                         label=ly.label("mlp.norm+swiglu")),
+    ] + _mlp_forward(ctx, ly)
+
+
+def _mlp_forward(ctx: Context, ly: LayerRefs) -> list[Launch]:
+    """The MLP's norm (a row launch: h16 and rstd), SwiGLU on h16, down with the residual."""
+    T, D, F = ctx.T, ctx.D, ctx.F
+    return [
+        B.rmsnorm_rows(ctx, x=ly.resid_mlp, ssq=ly.ssq_mlp, h16=ly.h16_mlp, rstd=ly.rstd_mlp,
+                       label=ly.label("mlp.norm")),
+        MM.matmul_swiglu(ctx, h16=ly.h16_mlp, wg=ly.wgate_up, wu=ly.wup, ab=ly.ab, z=ly.z16,
+                         label=ly.label("mlp.swiglu")),
         MM.matmul_residual(ctx, a=ly.z16, b=ly.wdown, x=ly.resid_mlp, out=ly.resid_out,
                            ssq=ly.ssq_out, M=T, N=D, K=F, label=ly.label("mlp.down")),
     ]
@@ -191,13 +199,22 @@ def _predictions(ctx: Context) -> Launch:
                          label="predictions")
 
 
+def _embed_decay(ctx: Context) -> Launch:
+    """E's absent rows (g = 0) at the very start of the update, on the side lane beside the
+    forward: forked after the stage-in (the ids and the doorbell it reads are staged there).
+    embed_fwd and embed_grad touch only present rows, so nothing orders them with it."""
+    stage_in = B.release_stage_in(ctx, SL.SUBMISSIONS.index("update"))
+    return forked(B.embed_decay(ctx, ids=ctx.inputs(), w1=loss_window("W1_EMBED_GRAD"),
+                                label="embed_backward.absent+adamw+w1"), stage_in, SIDE_LANE)
+
+
 def _bodies(ctx: Context) -> tuple[list[Launch], list[Launch], list[Launch]]:
     p, rows = ctx.p, _profiles.PREDICTION_ROWS
     refresh = B.cast_bf16(ctx, src=ctx.buf("pmv"), dst=ctx.buf("w16"), label="refresh_w16")
     first = ([refresh] + forward(ctx)
              + _records(ctx, rows, SL.record_forward_offset(p), "record_forward_offset")
              + [_predictions(ctx)])
-    update = forward(ctx) + backward(ctx)
+    update = [_embed_decay(ctx)] + forward(ctx) + backward(ctx)
     final = (forward(ctx)
              + _records(ctx, rows[-1:], SL.record_final_offset(p), "record_final_offset")
              + [_predictions(ctx),

@@ -45,6 +45,8 @@ class Tuning:
     dw_tile: tuple[int, int] = (128, 128)        # weight-gradient tiles (AdamW in the epilogue)
     dn_splits: int = 1                           # K splits of the products into a norm backward
     dw_programs: int = 64                        # programs of a side-lane weight-gradient launch
+    decay_programs: int = 16                     # programs of embed_decay (E's absent rows, side lane)
+    swiglu_tiles: tuple[tuple[int, int], ...] = ()   # SwiGLU-forward tiles ((): mm_tiles)
 
 
 H200 = Tuning(mm_tiles=((128, 128), (128, 64), (64, 64)), mm_min_programs=120, mm_block_k=64,
@@ -70,7 +72,11 @@ H200 = Tuning(mm_tiles=((128, 128), (128, 64), (64, 64)), mm_min_programs=120, m
               dn_splits=4,
               # the side lane's weight-gradient launches: at most 64 programs (1 block/SM), each
               # looping over its tiles, so the main lane keeps ≥ 68 SMs (tools/cost_model.py)
-              dw_programs=64)
+              dw_programs=64,
+              # the SwiGLU forward on the MLP norm's bf16 rows: 126 registers at 128×64, 2 blocks
+              # per SM (344 tiles in 2 rounds); 128×128 takes 231 (1 block/SM; 31 µs more in the
+              # model's graph), 64×128 128 and 64×64 78 but re-read the weights per 64 rows
+              swiglu_tiles=((128, 64), (64, 64)))
 # tiny keeps GPU-valid shapes (≤ 128 KiB shared memory: sm_80's 163 KiB and sm_90's 227 KiB hold
 # it) while the interpreter sees few programs: 128×128×128 matmul tiles, one stage.
 INTERPRETER = Tuning(mm_tiles=((128, 128),), mm_min_programs=1, mm_block_k=128, mm_warps=8,
@@ -81,8 +87,8 @@ INTERPRETER = Tuning(mm_tiles=((128, 128),), mm_min_programs=1, mm_block_k=128, 
                      ce_rows=32, ce_warps=8, adamw_block=16384, adamw_warps=8, vocab_block=64,
                      vocab_warps=8, gain_cols=128, gain_rows=128, dw_tile=(128, 128), dn_splits=1,
                      # fewer programs than the 9 tiles of a layer's MLP half: the whole-plan tests
-                     # run the tile loop
-                     dw_programs=4)
+                     # run the tile loop (and embed_decay's block loop: 8 blocks on 2 programs)
+                     dw_programs=4, decay_programs=2)
 TUNING = {"coppelius": H200, "tiny": INTERPRETER}
 
 

@@ -815,17 +815,18 @@ class _MatmulRotary:
 
 @oracle("matmul_swiglu")
 class _MatmulSwiglu:
-    """ab = [a | b], z16 = bf(silu(a)·b), h = rmsnorm(x): the reference mlp stage on the tile."""
+    """ab = [a | b], z16 = bf(silu(a)·b) from h16 = bf(rmsnorm(x)): the reference mlp stage on the
+    tile (x is the oracle's; the kernel reads the bf16 rows rmsnorm_rows would write)."""
 
     def setup(self, case):
         M, N, K, *_ = _matmul_dims(case)
-        _ssq_input(case, case.input("x_ptr", (M, K), scale=2.0))
+        x = 2.0 * case.rng.standard_normal((M, K), dtype=np.float32)
+        case.cache["x"] = x
+        case.input("h16_ptr", values=ref.bf16(ref.rmsnorm(x)[0]))
         case.input("wg_ptr", (N, K), scale=0.1)
         case.input("wu_ptr", (N, K), scale=0.1)
         case.output("ab_ptr", (M, 2 * N), T_ULP)
         case.output("z_ptr", (M, N), T_Z16)
-        case.output("h16_ptr", (M, K), T_ULP)
-        case.output("rstd_ptr", (M,), T_ELEM)
 
     def programs(self, case):
         return _matmul_programs(case)
@@ -834,12 +835,32 @@ class _MatmulSwiglu:
         pn, rows, cols = _tile(case, pid)
         N, K = case.scalar("N", "K")
         no_down = np.zeros((K, cols.stop - cols.start), np.float32)   # the oracle's, not an input
-        m = ref.mlp(case.data["x_ptr"][rows], case.data["wg_ptr"][cols], case.data["wu_ptr"][cols],
+        m = ref.mlp(case.cache["x"][rows], case.data["wg_ptr"][cols], case.data["wu_ptr"][cols],
                     no_down)
         yield "ab_ptr", (rows, cols), m.a
         yield "ab_ptr", (rows, slice(N + cols.start, N + cols.stop)), m.b
         yield "z_ptr", (rows, cols), ref.bf16(m.z)
-        yield from _prologue_expect(case, pn, rows, m.h, m.r)
+
+
+@oracle("rmsnorm_rows")
+class _RmsnormRows:
+    """h16 = bf(rmsnorm(x)) and rstd from x and its producer's partial sums of squares: the
+    reference rmsnorm (the MLP sites' norm, formed once for the SwiGLU forward)."""
+
+    def setup(self, case):
+        T, D = case.scalar("T"), case.const("D")
+        _ssq_input(case, case.input("x_ptr", (T, D), scale=3.0))
+        case.output("h16_ptr", (T, D), T_ULP)
+        case.output("rstd_ptr", (T,), T_ELEM)
+
+    def programs(self, case):
+        return sample(case.launch.grid[0])
+
+    def expect(self, case, pid):
+        rows = _block(pid, case.const("BLOCK_R"), case.scalar("T"))
+        y, r = ref.rmsnorm(case.data["x_ptr"][rows])
+        yield "h16_ptr", (rows,), ref.bf16(y)
+        yield "rstd_ptr", (rows,), r
 
 
 @oracle("matmul_delta")
@@ -1329,12 +1350,73 @@ class _Learner:
             case.output(arg, shape, T_ADAMW, at=plane * N, key=prefix + name)
 
 
+def _present_rows(case, rows: slice) -> np.ndarray:
+    """The rows of `rows` that some id of the context holds, increasing."""
+    ids = case.data["ids_ptr"].astype(np.int64)
+    return np.intersect1d(ids, np.arange(rows.start, rows.stop))
+
+
+def _row_words(case, rows: slice, pick: np.ndarray, values: np.ndarray):
+    """(key, index, value) of E's rows `pick` (a subset of `rows`, values (len(rows), D)) in the
+    w1 window: one region per row that the window reaches."""
+    D, w1 = case.const("D", "W1_WORDS")
+    for r in pick:
+        words = slice(int(r) * D, min((int(r) + 1) * D, w1))
+        if words.start < words.stop:
+            yield "w1_ptr", (words,), values[r - rows.start][:words.stop - words.start]
+
+
+@oracle("embed_decay")
+class _EmbedDecay:
+    """E's absent rows (no id of the context holds them): the reference learner with g = 0
+    (decayed), their w1 words zero; the present rows and their w1 words untouched (watched).
+    Program pid runs vocabulary blocks pid, pid + programs, …; only the sampled programs' blocks
+    of the planes are written as inputs."""
+
+    def setup(self, case):
+        T, V = case.scalar("T", "V")
+        D, bv = case.const("D", "BLOCK_V")
+        n, blocks = case.launch.grid[0], cdiv(V, bv)
+        if n > blocks:
+            raise AssertionError(f"{case.launch.kernel}: grid {n} for {blocks} vocabulary blocks")
+        _Learner.start(case)
+        case.hint = sample(n)
+        case.cache["blocks"] = {pid: list(range(pid, blocks, n)) for pid in case.hint}
+        mine = [b for pid in case.hint for b in case.cache["blocks"][pid]]
+        # a few present rows in blocks the sampled programs run (the first block among them,
+        # which the w1 window covers): both kinds of row in one block
+        hot = [min(int(b * bv + case.rng.integers(0, bv)), V - 1) for b in mine[::7] + [0]]
+        case.input("ids_ptr", values=_token_ids(case, T, V, hot))
+        for b in mine:
+            rows = _block(b, bv, V)
+            _Learner.planes(case, "e_ptr", rows.start * D, (rows.stop - rows.start) * D, f"E{b}")
+        _Learner.outputs(case, "e_ptr", (V, D), "E")
+        case.output("w1_ptr", (case.const("W1_WORDS"),), EXACT)
+
+    def programs(self, case):
+        return case.hint
+
+    def expect(self, case, pid):
+        V = case.scalar("V")
+        D, bv = case.const("D", "BLOCK_V")
+        for b in case.cache["blocks"][pid]:
+            rows = _block(b, bv, V)
+            absent = np.setdiff1d(np.arange(rows.start, rows.stop), _present_rows(case, rows))
+            zero = np.zeros((rows.stop - rows.start, D), np.float32)
+            new = [x.reshape(-1, D) for x in _Learner.update(case, f"E{b}", zero, True)]
+            for r in absent:
+                for name, x in zip("PMV", new):
+                    yield "E" + name, (slice(int(r), int(r) + 1),), x[r - rows.start][None]
+            yield from _row_words(case, rows, absent, zero)
+
+
 @oracle("embed_grad")
 class _EmbedGrad:
     """dE rows = Σ de over the rows holding each id, increasing row order (np.add.at, sequential:
-    the reference embed_backward's sum); w1 = dE's first W1_WORDS words; E's rows of P, M, V: the
-    reference learner on those sums (decayed); the last program: the two gains from dgain (not
-    decayed).  Only the sampled programs' rows of the planes are written as inputs."""
+    the reference embed_backward's sum); w1 = dE's first W1_WORDS words of the present rows; E's
+    present rows of P, M, V: the reference learner on those sums (decayed); the absent rows and
+    their w1 words untouched (watched: embed_decay's); the last program: the two gains from dgain
+    (not decayed).  Only the sampled programs' rows of the planes are written as inputs."""
 
     def setup(self, case):
         T, V = case.scalar("T", "V")
@@ -1377,11 +1459,12 @@ class _EmbedGrad:
         want = np.zeros((rows.stop - rows.start, D), np.float32)
         hit = np.flatnonzero((ids >= rows.start) & (ids < rows.stop))    # increasing rows
         np.add.at(want, ids[hit] - rows.start, case.data["de_ptr"][hit])
-        for name, new in zip("PMV", _Learner.update(case, f"E{pid}", want, True)):
-            yield "E" + name, (rows,), new.reshape(-1, D)
-        words = slice(rows.start * D, min(rows.stop * D, w1))
-        if words.start < words.stop:
-            yield "w1_ptr", (words,), want.reshape(-1)[:words.stop - words.start]
+        present = _present_rows(case, rows)
+        new = [x.reshape(-1, D) for x in _Learner.update(case, f"E{pid}", want, True)]
+        for r in present:
+            for name, x in zip("PMV", new):
+                yield "E" + name, (slice(int(r), int(r) + 1),), x[r - rows.start][None]
+        yield from _row_words(case, rows, present, want)
 
 
 def weight_grad_program(pid: int, tiles: list[int], programs: int) -> list[tuple[int, int]]:

@@ -30,7 +30,7 @@ def test_rms_eps_is_one_value_everywhere():
     assert profiles.RMS_EPS == 1e-6                                    # SPEC §3
     assert meta.RMS_EPS == profiles.RMS_EPS
     assert norms.RMS_EPS.value == meta.RMS_EPS                         # the row kernels' constexpr
-    assert matmul.RMS_EPS is norms.RMS_EPS                             # the fused prologues'
+    assert matmul.ssq_rstd is norms.ssq_rstd                           # the fused prologue's r
     assert reference_numerics.RMS_EPS == np.float32(profiles.RMS_EPS)
     assert reference_stages.RMS_EPS is reference_numerics.RMS_EPS
 
@@ -62,8 +62,11 @@ def test_attention_scale_is_the_reference_scale(name):
 @pytest.mark.parametrize("t", [1, 7, 10000])
 def test_adamw_constants_are_the_reference_learners(name, t):
     prof = profiles.get(name)
-    # every launch that applies AdamW (issue 14: the weight-gradient launches and embed_grad)
-    updates = _launches(prof, "weight_grad") + _launches(prof, "embed_grad")
+    # every launch that applies AdamW (issue 14: the weight-gradient launches, embed_grad and,
+    # for E's absent rows, embed_decay)
+    updates = (_launches(prof, "weight_grad") + _launches(prof, "embed_grad")
+               + _launches(prof, "embed_decay"))
+    assert len(_launches(prof, "embed_decay")) == 1
     want = ref.adamw_constants(prof, t)
     lr = prof.learner
     for launch in updates:
@@ -92,7 +95,9 @@ def test_decay_follows_the_parameter_table(name):
         for j in range(dict(launch.constexprs)["PRODUCTS"]):
             assert decays[by_offset[launch.arg(f"p{j}_ptr").offset]], launch.label
     (grad,) = _launches(prof, "embed_grad")
-    assert by_offset[grad.arg("e_ptr").offset] == "embed" and decays["embed"]
+    (decay,) = _launches(prof, "embed_decay")                          # E's absent rows
+    assert by_offset[grad.arg("e_ptr").offset] == by_offset[decay.arg("e_ptr").offset] == "embed"
+    assert decays["embed"]
     gains = {by_offset[grad.arg(a).offset] for a in ("gain0_ptr", "gain1_ptr")}
     assert gains == {n for n, d in decays.items() if not d}, "the undecayed parameters"
 
@@ -111,8 +116,8 @@ def test_prediction_rows_are_the_profiles_and_the_layouts(name):
 @pytest.mark.parametrize("name", PROFILES)
 def test_window_sizes_are_the_layouts(name):
     prof = profiles.get(name)
-    (grad,) = _launches(prof, "embed_grad")
-    assert dict(grad.constexprs)["W1_WORDS"] == SL.LOSS_WINDOW_WORDS
+    for grad in _launches(prof, "embed_grad") + _launches(prof, "embed_decay"):   # both write w1
+        assert dict(grad.constexprs)["W1_WORDS"] == SL.LOSS_WINDOW_WORDS, grad.label
     copies = {x.label: x for x in _launches(prof, "copy_f32")}
     assert copies["w2"].arg("N").value == copies["w3"].arg("N").value == SL.LOSS_WINDOW_WORDS
     for label, x in copies.items():

@@ -418,5 +418,6 @@ def test_build_ptx_report_json_from_the_committed_ptx():
     j = json.loads(r.stdout)
     assert j["launches"] == len(UPDATE)
     assert j["update_us"]["optimistic"] < j["update_us"]["central"] < j["update_us"]["pessimistic"]
-    swiglu = next(e for e in j["per_launch"] if e["label"] == "layers.0.mlp.norm+swiglu")
-    assert swiglu["regs"] > 128 and swiglu["per_sm"] == 1 and swiglu["rounds"] == 2   # 176 tiles
+    swiglu = next(e for e in j["per_launch"] if e["label"] == "layers.0.mlp.swiglu")
+    # 344 tiles of 128×64 on the norm's bf16 rows: ≤ 128 registers × 256 threads, 2 blocks per SM
+    assert swiglu["regs"] <= 128 and swiglu["per_sm"] == 2 and swiglu["rounds"] == 2

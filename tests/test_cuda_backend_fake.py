@@ -305,29 +305,36 @@ def test_a_ptx_the_driver_refuses_names_the_file_and_quotes_the_jit_log(fake):
 
 
 def test_shared_memory_beyond_the_opt_in_limit_is_refused_naming_kernel_need_and_limit(fake):
-    """sm_80 coppelius kernels need up to 147,456 B; a cc 8.6 GPU allows 101,376 B (99 KiB)."""
+    """A device whose opt-in limit is one allocation unit below the largest sm_80 need refuses
+    that kernel by name, with need and limit, before any work."""
     from host.backend_cuda import CudaBackend, KernelRefused
-    f = fake((8, 6))
+    entries = ptx.Manifest.load("coppelius", "sm_80").entries
+    top = max(entries, key=lambda k: entries[k].shared)
+    need = entries[top].shared
+    f = fake((8, 6), shared_optin=need - 128)
     with pytest.raises(KernelRefused) as err:
         CudaBackend(COPPELIUS)
     msg = str(err.value)
-    swiglu = next(k for k in ptx.Manifest.load("coppelius", "sm_80").entries
-                  if k.startswith("matmul_swiglu"))
-    assert f"{swiglu} needs 147,456 B of shared memory per block, the limit is 101,376 B" in msg
+    assert f"{top} needs {need:,} B of shared memory per block, the limit is {need - 128:,} B" in msg
     assert "compute capability 8.6" in msg and "A100" in err.value.hint
     assert not f.allocations and not f.host and not f.shared_opt_ins   # before any work
 
 
-def test_an_a100_fits_every_sm80_kernel_and_opts_in_their_shared_memory(fake):
+@pytest.mark.parametrize("cc", [(8, 0), (8, 6), (8, 9), (12, 0)])
+def test_every_sm80_gpu_fits_every_sm80_kernel_and_opts_in_their_shared_memory(fake, cc):
+    """The largest sm_80 need (98,304 B since the SwiGLU forward's 128×64 tiles on bf16 rows)
+    fits an A100's 166,912 B and the 101,376 B of cc 8.6/8.9/12.0 (README: which GPUs run)."""
     from host.backend_cuda import refuse_unfit
-    f = fake((8, 0))
+    f = fake(cc)
     dev = drv.Device()
     closers = [dev]
     kernels = ptx.Manifest.load("coppelius", "sm_80").kernels(closers)
-    refuse_unfit(kernels, dev)                       # 147,456 B ≤ 166,912 B: no refusal
+    refuse_unfit(kernels, dev)                       # no refusal
     for k in kernels.values():
         k.opt_in_shared()
-    assert max(f.shared_opt_ins.values()) == 147456
+    assert max(f.shared_opt_ins.values()) == max(k.shared for k in
+                                                 ptx.Manifest.load("coppelius", "sm_80").entries.values())
+    assert max(f.shared_opt_ins.values()) <= 101376
     for c in reversed(closers):
         c.close()
 

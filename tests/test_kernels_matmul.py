@@ -10,13 +10,15 @@ import dataclasses
 import numpy as np
 import pytest
 from kernels_support import (ELEMENTWISE, ONE_BF16_ULP, SAME_OPERANDS, assert_bitwise, assert_close,
-                             assert_unwritten, assert_written, bf16_tensor, cdiv, f32, poisoned)
+                             assert_unwritten, assert_written, bf16_tensor, cdiv, f32, next_pow2,
+                             poisoned)
 
 import torch
 from plan import profiles
 from plan import reference as ref
 from plan.kernels import meta
 from plan.kernels.matmul import matmul, matmul_delta, matmul_residual, matmul_rotary, matmul_swiglu
+from plan.kernels.norms import rmsnorm_rows
 from plan.launch_matmul import matmul_rotary as build_matmul_rotary
 from plan.launch_refs import Context, layer_refs
 
@@ -152,23 +154,55 @@ def _check_prologue(h16, rstd, x):
     assert_bitwise("h16 is bf(x·r) of the stored r", f32(h16), ref.bf16(mine))
 
 
+NORM_ROWS = 16                  # rows per rmsnorm_rows program
+
+
+def _norm_rows(x: np.ndarray, ssq: torch.Tensor):
+    """rmsnorm_rows on x (M, D) and its partial sums of squares → (h16, rstd), poisoned first."""
+    M, D = x.shape
+    h16, rstd = poisoned((M, D), torch.bfloat16), poisoned((M,))
+    rmsnorm_rows[(cdiv(M, NORM_ROWS),)](torch.from_numpy(x), ssq, h16, rstd, M, D=D,
+                                        SSQ_PARTS=ssq.shape[0], BLOCK_R=NORM_ROWS,
+                                        BLOCK_D=next_pow2(D))
+    return h16, rstd
+
+
 @pytest.mark.parametrize("shape", SHAPE_IDS)
-def test_matmul_swiglu_is_the_mlp_stage_with_the_norm_in_its_prologue(shape):
-    M, F, D = SHAPES[shape]                           # D = 2.5 K blocks: the masked prologue sum
+def test_matmul_swiglu_on_the_norm_rows_is_the_mlp_stage(shape):
+    M, F, D = SHAPES[shape]                           # D = 2.5 K blocks: masked K chunks
     x, wg, wu, wd, m = _swiglu_reference(M, D, F)
+    h16, rstd = _norm_rows(x, _ssq(x))
+    _check_prologue(h16, rstd, x)
     ab = poisoned((M, 2 * F))
     z = poisoned((M, F), torch.bfloat16)
-    h16, rstd = poisoned((M, D), torch.bfloat16), poisoned((M,))
-    matmul_swiglu[_grid(M, F)](torch.from_numpy(x), _ssq(x), bf16_tensor(wg), bf16_tensor(wu), ab,
-                               z, h16, rstd, M, F, D, SSQ_PARTS=SSQ_PARTS, **BLOCKS)
+    matmul_swiglu[_grid(M, F)](h16, bf16_tensor(wg), bf16_tensor(wu), ab, z, M, F, D, **BLOCKS)
     assert_written("ab", ab)
     assert_written("z", z)
-    _check_prologue(h16, rstd, x)
     hb = f32(h16)                                     # the products of the stored operand
     assert_close("a", f32(ab)[:, :F], hb @ ref.bf16(wg).T, SAME_OPERANDS)
     assert_close("b", f32(ab)[:, F:], hb @ ref.bf16(wu).T, SAME_OPERANDS)
     assert_close("a vs stage", f32(ab)[:, :F], m.a, ONE_BF16_ULP)
     assert_close("z", f32(z), ref.bf16(m.z), 2 * ONE_BF16_ULP)
+
+
+@pytest.mark.parametrize("parts", [1, SSQ_PARTS])
+def test_the_norm_rows_are_the_norm_prologue_bit_for_bit(parts):
+    """rmsnorm_rows (the MLP sites) and matmul_rotary's prologue (the attention sites) form r from
+    the same partial sums with the same operations, and h16 = bf(x·r): the same bits (the
+    SwiGLU forward's prologue was this one, so its inputs did not move)."""
+    M, D, W = 77, 160, 64
+    x = (2 * RNG.standard_normal((M, D))).astype(np.float32)
+    ssq = _ssq(x, parts)
+    h16, rstd = _norm_rows(x, ssq)
+    cos, sin = ref.rotary_tables(type("P", (), {"context": M, "head_dim": 32})())
+    rope = torch.from_numpy(np.concatenate([cos, sin], axis=1))
+    p16, prstd = poisoned((M, D), torch.bfloat16), poisoned((M,))
+    matmul_rotary[(cdiv(M, 128) * cdiv(W, 64),)](
+        torch.from_numpy(x), ssq, bf16_tensor(RNG.standard_normal((W, D)).astype(np.float32)),
+        poisoned((M, W), torch.bfloat16), rope, p16, prstd, M, W, D, SSQ_PARTS=parts, ROTATED=2,
+        HEAD_DIM=32, BLOCK_M=128, BLOCK_N=64, BLOCK_K=32, GROUP_M=2)
+    assert_bitwise("rstd: rows vs prologue", f32(rstd), f32(prstd))
+    assert_bitwise("h16: rows vs prologue", f32(h16), f32(p16))
 
 
 @pytest.mark.parametrize("shape", SHAPE_IDS)

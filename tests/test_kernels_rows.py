@@ -20,7 +20,7 @@ from plan import reference as ref
 from plan.kernels.adamw import adamw
 from plan.kernels.copy import copy_f32
 from plan.kernels.cross_entropy import cross_entropy, predictions
-from plan.kernels.embed_grad import embed_grad
+from plan.kernels.embed_grad import embed_decay, embed_grad
 from plan.kernels.norms import embed_fwd, final_norm, rmsnorm_bwd, rmsnorm_bwd_gain
 
 RNG = np.random.default_rng(11)
@@ -216,17 +216,37 @@ def test_cross_entropy_writes_ce_twice_and_bf16_dlogits(shape):
     logits = (4 * RNG.standard_normal((T, V))).astype(np.float32)
     targets = RNG.integers(0, V, T).astype(np.uint32)
     targets[0], targets[-1] = 0, V - 1                           # the first and the last class
-    loss, w0 = poisoned((T,)), poisoned((T,))
-    dl = poisoned((T, V), torch.bfloat16)
-    cross_entropy[(cdiv(T, CE_ROWS),)](_t(logits), _t(targets.view(np.int32)), loss, w0, dl, T, V=V,
-                                       ROWS=CE_ROWS, BLOCK_V=next_pow2(V))
-    for name, t in (("loss", loss), ("w0", w0), ("dlogits", dl)):
-        assert_written(name, t)
+
+    def run(inv_t):
+        loss, w0 = poisoned((T,)), poisoned((T,))
+        dl = poisoned((T, V), torch.bfloat16)
+        cross_entropy[(cdiv(T, CE_ROWS),)](_t(logits), _t(targets.view(np.int32)), loss, w0, dl, T,
+                                           V=V, ROWS=CE_ROWS, BLOCK_V=next_pow2(V), INV_T=inv_t)
+        for name, t in (("loss", loss), ("w0", w0), ("dlogits", dl)):
+            assert_written(name, t)
+        return loss, w0, dl
+
+    inv_t = launch_builders.inverse_power_of_two(T)
+    loss, w0, dl = run(inv_t)
     want = ref.cross_entropy(logits, targets.astype(np.int64))
     assert_close("ce", f32(loss), want, ELEMENTWISE)
     assert_bitwise("w0 is the same per-row cross-entropy", f32(w0), f32(loss))
     assert_close("dlogits", f32(dl), ref.bf16(ref.cross_entropy_backward(logits, targets)),
                  ONE_BF16_ULP)
+    if inv_t:                                 # T a power of two: the product is the quotient
+        assert_bitwise("dlogits, × 1/T vs ÷ T", f32(dl), f32(run(0.0)[2]))
+
+
+def test_a_power_of_two_inverse_multiplies_as_the_division_rounds():
+    """x · 2^−k and x / 2^k are the same correctly rounded number, subnormal results included,
+    for the fp32 values cross_entropy scales (softmax − onehot ∈ [−1, 1])."""
+    x = np.concatenate([RNG.uniform(-1, 1, 100_000), RNG.uniform(-1e-35, 1e-35, 100_000),
+                        [0.0, -0.0, 1.0, -1.0, np.finfo(np.float32).tiny]]).astype(np.float32)
+    for n in (1, 16, 1024, 2 ** 20):
+        inv = np.float32(launch_builders.inverse_power_of_two(n))
+        assert inv == np.float32(1.0) / np.float32(n)
+        assert_bitwise(f"x × 1/{n} vs x / {n}", x * inv, x / np.float32(n))
+    assert [launch_builders.inverse_power_of_two(n) for n in (0, 3, 77, 1000)] == [0.0] * 4
 
 
 @pytest.mark.parametrize("shape", [k for k in SHAPE_IDS if SHAPES[k].T >= 3])   # three rows
@@ -245,9 +265,14 @@ def test_predictions_argmax_and_validity(shape):
     assert pred.tolist() == [[5, 1], [4, 0], [int(np.argmax(logits[T - 1])), 1]]
 
 
-def _embed_grad(s: Rows, ids, nxt, de, dgain, w1_words: int):
-    """Run embed_grad on fresh P/M/V planes: E (V, D) at 0, then the gains at GAP words after
-    it and after each other → (planes before, planes after, w1)."""
+DECAY_PROGRAMS = 3             # embed_decay programs: fewer than the vocabulary blocks (a loop)
+
+
+def _embed_grad(s: Rows, ids, nxt, de, dgain, w1_words: int, kernels=("decay", "grad")):
+    """Run embed_decay (E's absent rows) and embed_grad (the present rows, the gains) in the
+    order `kernels` names them (the update's: decay first) on fresh P/M/V planes: E (V, D) at 0,
+    then the gains at GAP words after it and after each other → (planes before, planes after,
+    w1, gain offsets)."""
     V, D = s.V, s.D
     n = V * D + 3 * GAP + 2 * D
     before = [(0.02 * RNG.standard_normal(n)).astype(np.float32),
@@ -256,10 +281,17 @@ def _embed_grad(s: Rows, ids, nxt, de, dgain, w1_words: int):
     pmv = _t(np.concatenate(before))
     g0, g1 = V * D + GAP, V * D + 2 * GAP + D
     w1 = poisoned((w1_words + 5,))                                # words past the window: unwritten
-    embed_grad[(cdiv(V, VOCAB_BLOCK) + 1,)](
-        _t(ids.view(np.int32)), nxt, de, pmv, pmv[g0:], pmv[g1:], _t(dgain), w1,
-        torch.tensor([DOORBELL], dtype=torch.int32), T_BASE, s.T, V, n, D=D, W1_WORDS=w1_words,
-        BLOCK_V=VOCAB_BLOCK, BLOCK_T=s.block_t, BLOCK_D=next_pow2(D), **LEARNER)
+    ids_t, bell = _t(ids.view(np.int32)), torch.tensor([DOORBELL], dtype=torch.int32)
+    blocks = dict(D=D, W1_WORDS=w1_words, BLOCK_V=VOCAB_BLOCK, BLOCK_T=s.block_t,
+                  BLOCK_D=next_pow2(D), **LEARNER)
+    for k in kernels:
+        if k == "decay":
+            embed_decay[(min(DECAY_PROGRAMS, cdiv(V, VOCAB_BLOCK)),)](
+                ids_t, pmv, w1, bell, T_BASE, s.T, V, n, **blocks)
+        else:
+            embed_grad[(cdiv(V, VOCAB_BLOCK) + 1,)](
+                ids_t, nxt, de, pmv, pmv[g0:], pmv[g1:], _t(dgain), w1, bell, T_BASE, s.T, V, n,
+                **blocks)
     got = f32(pmv)
     return before, [got[:n], got[n:2 * n], got[2 * n:]], w1, (g0, g1)
 
@@ -305,6 +337,44 @@ def test_embed_grad_sums_rows_in_order_and_applies_adamw(shape):
     rest[E] = rest[g0:g0 + D] = rest[g1:g1 + D] = False
     for name, b, a in zip("PMV", before, after):
         assert_bitwise(f"{name} outside E and the gains", a[rest], b[rest])
+
+
+@pytest.mark.parametrize("shape", SHAPE_IDS)
+def test_embed_decay_and_embed_grad_divide_e_by_the_ids(shape):
+    """Issue 14 round 3: embed_decay updates exactly E's absent rows (g = 0) and their w1 words,
+    embed_grad exactly the present ones; each leaves the other's rows bit for bit as they were
+    (so the update may run them in either order, or at once), and both orders give the same bits."""
+    s = SHAPES[shape]
+    T, D, V = s.T, s.D, s.V
+    de = RNG.standard_normal((T, D)).astype(np.float32)
+    ids = RNG.integers(0, min(40, V), T).astype(np.uint32)
+    ids[-1] = V - 1                                               # the last row of E present
+    nxt = _links(s, ids)
+    dgain = RNG.standard_normal((2, D)).astype(np.float32)
+    present = np.zeros(V, bool)
+    present[ids] = True
+    E = slice(0, V * D)
+    rows = lambda b: b[E].reshape(V, D)                           # noqa: E731
+    words = np.repeat(present, D)[:s.w1_words]                    # w1 words of present rows
+    state = RNG.bit_generator.state
+    for only, mine in (("decay", ~present), ("grad", present)):
+        RNG.bit_generator.state = state                           # the same planes each time
+        before, after, w1, _ = _embed_grad(s, ids, nxt, _t(de), dgain, s.w1_words, (only,))
+        for name, b, a in zip("PMV", before, after):
+            assert_bitwise(f"{only}: E's {name} rows it does not own", rows(a)[~mine], rows(b)[~mine])
+            assert (rows(a)[mine] != rows(b)[mine]).any(), f"{only} left its own {name} rows alone"
+        own = words if only == "grad" else ~words
+        own = torch.from_numpy(own)
+        assert_unwritten(f"{only}: w1 words of the other kernel's rows", w1[:s.w1_words][~own])
+        assert_written(f"{only}: w1 words of its rows", w1[:s.w1_words][own])
+    runs = []
+    for order in (("decay", "grad"), ("grad", "decay")):
+        RNG.bit_generator.state = state
+        runs.append(_embed_grad(s, ids, nxt, _t(de), dgain, s.w1_words, order))
+    for name, a, b in zip("PMV", runs[0][1], runs[1][1]):
+        assert_bitwise(f"{name}, decay first vs grad first", a, b)
+    assert_bitwise("w1, decay first vs grad first", f32(runs[0][2])[:s.w1_words],
+                   f32(runs[1][2])[:s.w1_words])
 
 
 @pytest.mark.parametrize("shape", SHAPE_IDS)

@@ -16,8 +16,8 @@ from plan import launches, profiles
 
 # profile: (sha256 of the launch lists, launches per submission, distinct compiled entries)
 PINS = {
-    "coppelius": ("43598227578f330d8f083577375ce7af418d71819795e35e2ed01bf7d09e1a44", (64, 155, 63), 25),
-    "tiny": ("4b23f366e0c71c4a75d430c709a90342d25c4542425fda453ef7118509cc5cc9", (22, 43, 21), 25),
+    "coppelius": ("48169eca4d884137b4a107caffeee440ef0dc40e15d945aca85bd41c075046b7", (73, 165, 72), 27),
+    "tiny": ("16369bec9a36f5b1f2183baddf681caba0284c7df0132646a05a13880c265004", (24, 46, 23), 27),
 }
 
 

@@ -19,6 +19,7 @@ from plan import launches, profiles
 ROOT = Path(__file__).resolve().parents[1]
 # (function, parameter): staging arguments a launch after the first one may take — write-only
 WRITE_ONLY = {("cross_entropy", "loss_ptr"), ("cross_entropy", "w0_ptr"), ("embed_grad", "w1_ptr"),
+              ("embed_decay", "w1_ptr"),
               ("copy_f32", "dst_ptr"), ("predictions", "pred_ptr"), (launches.RELEASE, "slot_ptr")}
 
 

@@ -80,4 +80,8 @@ EMBED_CHAIN = 9   # longest dE chain: the most frequent id's count in a context.
 #                   machine: staging.synthetic.generate(coppelius), first 200 contexts: median 9,
 #                   range 5–15 (the marker M0 of the Markov blocks, in embed_grad's program 0)
 
+EMBED_DISTINCT = 323  # distinct ids in a context: E's rows embed_grad updates (the rest are
+#                       embed_decay's).  Measured on this machine: staging.synthetic.generate(coppelius),
+#                       first 200 contexts, np.unique: median 323, range 113–560 (2026-12-01)
+
 INPUTS = {name: value for name, value in globals().items() if isinstance(value, Range)}

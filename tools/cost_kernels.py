@@ -23,7 +23,7 @@ for _p in (ROOT, Path(__file__).resolve().parent):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
-from cost_inputs import EMBED_CHAIN, LINE  # noqa: E402
+from cost_inputs import EMBED_CHAIN, EMBED_DISTINCT, LINE  # noqa: E402
 from plan import launches  # noqa: E402
 from plan.attention_split import AttentionSplit  # noqa: E402
 from plan.buffers import DTYPE_BYTES  # noqa: E402
@@ -164,7 +164,7 @@ def _matmul(v: View) -> Work:
 
 
 def _norm_prologue(v: View, products: int, epilogue: Step, out_unique: float) -> Work:
-    """matmul_rotary / _swiglu: each program forms its rows' r from the producer's
+    """matmul_rotary: each program forms its rows' r from the producer's
     SSQ_PARTS partial sums of squares (a dependent load of BM × parts words before the K loop),
     then loads the fp32 rows, scales and rounds them as the A operand (fp32 A read once per
     column tile); programs of column tile 0 store h16 and rstd."""
@@ -207,11 +207,16 @@ def _matmul_rotary(v: View) -> Work:
 
 @family("matmul_swiglu")
 def _matmul_swiglu(v: View) -> Work:
-    M, N = v.scalar("M"), v.scalar("N")
-    BM, BN = v.c["BLOCK_M"], v.c["BLOCK_N"]
-    # ab = [a|b] fp32 and z = bf(silu(a)·b) out: exp + div_rn per element
-    epi = Step(store_bytes=BM * BN * (8 + 2), mufu_ops=2 * BM * BN, alu_ops=15 * BM * BN)
-    return _norm_prologue(v, 2, epi, out_unique=M * N * (8 + 2))
+    M, N, K = v.scalar("M"), v.scalar("N"), v.scalar("K")
+    BM, BN, BK = v.c["BLOCK_M"], v.c["BLOCK_N"], v.c["BLOCK_K"]
+    # two products of the bf16 h16 rmsnorm_rows wrote; ab = [a|b] fp32 and z = bf(silu(a)·b)
+    # out: exp + div_rn per element
+    tiles = _tiles(v, M, N, BM, BN)
+    step = _mm_step(v, BM, BN, BK, v.elem("h16_ptr"), v.elem("wg_ptr"), 2)
+    e = BM * BN
+    fixed = Step(store_bytes=e * (8 + 2), mufu_ops=2 * e, alu_ops=15 * e, phases=1, hbm_trips=1)
+    return Work((uniform(tiles, cdiv(K, BK), step, fixed),),
+                hbm_bytes=M * K * 2 + 2 * N * K * v.elem("wg_ptr") + M * N * (8 + 2))
 
 
 @family("matmul_delta")
@@ -444,6 +449,18 @@ def _final_norm(v: View) -> Work:
     return Work((uniform(v.programs, 1, step),), hbm_bytes=T * D * (4 + 2) + D * 4 + T * 4)
 
 
+@family("rmsnorm_rows")
+def _rmsnorm_rows(v: View) -> Work:
+    T, D, R, parts = v.scalar("T"), v.c["D"], v.c["BLOCK_R"], v.c["SSQ_PARTS"]
+    # the rows' partial sums of squares, then BLOCK_R fp32 rows in (a dependent load after r),
+    # bf16 rows and rstd out
+    step = Step(load_bytes=R * parts * 4 + R * D * 4, store_bytes=R * D * 2 + R * 4,
+                alu_ops=(2 + parts) * R + 2 * R * D, mufu_ops=3 * R, phases=1,
+                l2_trips=1, hbm_trips=1)
+    return Work((uniform(v.programs, 1, step),),
+                hbm_bytes=T * D * (4 + 2) + T * 4 + parts * T * 4)
+
+
 @family("rmsnorm_bwd_gain")
 def _rmsnorm_bwd_gain(v: View) -> Work:
     T, D, R = v.scalar("T"), v.c["D"], v.c["BLOCK_R"]
@@ -461,11 +478,14 @@ def _rmsnorm_bwd_gain(v: View) -> Work:
 def _cross_entropy(v: View) -> Work:
     T, V, R = v.scalar("T"), v.c["V"], v.c["ROWS"]
     e = R * V
-    # one fp32 logits row in, bf16 dlogits out; exp, two div_rn per element; max/sum/pick
+    # one fp32 logits row in, bf16 dlogits out; exp and the softmax's div_rn per element, and a
+    # second div_rn by T unless T is a power of two (INV_T: a multiplication); max/sum/pick
     # reductions; the rows' targets (staging, or the staged device copy: an L2 hit) on the chain
     staged = "targets_ptr" in v.staging_args()
-    step = Step(load_bytes=e * 4 + (0 if staged else R * 4), store_bytes=e * 2, mufu_ops=3 * e,
-                alu_ops=30 * e, phases=3, hbm_trips=1, staging_trips=1 if staged else 0,
+    divisions = 1 if v.c.get("INV_T") else 2
+    step = Step(load_bytes=e * 4 + (0 if staged else R * 4), store_bytes=e * 2,
+                mufu_ops=(1 + divisions) * e, alu_ops=(10 + 10 * divisions) * e, phases=3,
+                hbm_trips=1, staging_trips=1 if staged else 0,
                 l2_trips=0 if staged else 1)
     targets = ((Staging("targets_ptr", read_bytes=T * 4, read_requests=v.programs,
                         unique_bytes=T * 4),) if staged else ())
@@ -497,6 +517,30 @@ def _embed_fwd(v: View) -> Work:
                 staging=ids)
 
 
+def _present(T: int, V: int) -> float:
+    """The fraction of E's rows a context's ids hold (EMBED_DISTINCT, at most T and V)."""
+    return min(EMBED_DISTINCT, T, V) / V
+
+
+@family("embed_decay")
+def _embed_decay(v: View) -> Work:
+    T, V, D, BV = v.scalar("T"), v.scalar("V"), v.c["D"], v.c["BLOCK_V"]
+    P, blocks = v.programs, cdiv(V, BV)
+    # per vocabulary block a program reads the T ids (from L2), compares them with its BLOCK_V
+    # ids, then updates the absent rows (g = 0: P, M, V in and out), spread evenly over the blocks
+    absent = 1.0 - _present(T, V)
+    fixed, staged = _doorbell(v, P)
+    e = BV * D * absent
+    trip = Step(load_bytes=T * 4 + _PMV_BYTES * e, store_bytes=_PMV_BYTES * e,
+                mufu_ops=_ADAMW_MUFU * e, alu_ops=3 * BV * T + _ADAMW_ALU * e, phases=1,
+                l2_trips=1, hbm_trips=1)
+    more, base = blocks % P, blocks // P              # the first `more` programs run base + 1
+    groups = tuple(uniform(n, k, trip, fixed) for n, k in ((more, base + 1), (P - more, base)) if n)
+    w1 = v.c["W1_WORDS"] * 4 * absent
+    return Work(groups, hbm_bytes=T * 4 + V * D * absent * 2 * _PMV_BYTES,
+                staging=staged + (Staging("w1_ptr", write_bytes=w1),))
+
+
 @family("embed_grad")
 def _embed_grad(v: View) -> Work:
     T, V, D, BV = v.scalar("T"), v.scalar("V"), v.c["D"], v.c["BLOCK_V"]
@@ -504,11 +548,13 @@ def _embed_grad(v: View) -> Work:
     # every program reads all T ids and compares them with its BLOCK_V ids, then walks the
     # chains: one dependent trip per occurrence of its most frequent id (program 0 holds the
     # markers: EMBED_CHAIN trips; the others one) — a de row and a next-row link per trip; then
-    # AdamW on its BLOCK_V rows of E (P, M, V in and out)
+    # AdamW on its present rows of E (P, M, V in and out; embed_decay has the absent ones),
+    # spread evenly over the blocks
     ids_staged = "ids_ptr" in v.staging_args()
     start, staged = _doorbell(v, v.programs)
     trip = Step(load_bytes=D * 4 + 4, alu_ops=4 * BV * D, phases=1, l2_trips=1)
-    e = BV * D
+    present = _present(T, V)
+    e = BV * D * present
     fixed = _plus(start, Step(load_bytes=(0 if ids_staged else T * 4) + _PMV_BYTES * e,
                               store_bytes=_PMV_BYTES * e, mufu_ops=_ADAMW_MUFU * e,
                               alu_ops=3 * BV * T + _ADAMW_ALU * e, phases=1,
@@ -520,11 +566,11 @@ def _embed_grad(v: View) -> Work:
     gains = uniform(1, 1, _plus(start, Step(load_bytes=g * 4 + _PMV_BYTES * g,
                                             store_bytes=_PMV_BYTES * g, mufu_ops=_ADAMW_MUFU * g,
                                             alu_ops=_ADAMW_ALU * g, hbm_trips=1)))
-    w1 = v.c["W1_WORDS"] * 4
+    w1 = v.c["W1_WORDS"] * 4 * present
     ids = ((Staging("ids_ptr", read_bytes=P * T * 4, read_requests=P * lines(T * 4),
                     unique_bytes=T * 4),) if ids_staged else ())
     return Work((Programs(trips, trip, fixed), gains),
-                hbm_bytes=T * D * 4 + T * 4 + T * 4 + V * D * 2 * _PMV_BYTES
+                hbm_bytes=T * D * 4 + T * 4 + T * 4 + V * D * present * 2 * _PMV_BYTES
                 + g * (4 + 2 * _PMV_BYTES),
                 extra_l2_bytes=missing_rows * (D * 4 + 4),
                 staging=ids + staged + (Staging("w1_ptr", write_bytes=w1),))

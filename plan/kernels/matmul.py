@@ -5,10 +5,11 @@ One kernel covers every matrix product of the model through two layout flags:
   B_T = True:  B stored (N, K) row-major (a `[out, in]` weight read as Wᵀ)
   B_T = False: B stored (K, N) row-major
 so `h @ Wᵀ` is (A_T=0, B_T=1), `dY @ W` is (0, 0) and the weight gradient `dYᵀ @ h` is (1, 0).
-`matmul_swiglu` computes the gate and up products of one tile together and applies SwiGLU;
-`matmul_rotary` is the qkv product with rotary in its epilogue (bf16 q'|k'|v out, no fp32 scratch).
-These two take the fp32 residual rows and apply rmsnorm in their prologue (no rmsnorm_fwd launch;
-the head reads the bf16 output of the final norm's row launch instead, plan/kernels/norms.py):
+`matmul_swiglu` computes the gate and up products of one tile together and applies SwiGLU, on
+the bf16 output of a `rmsnorm_rows` launch (plan/kernels/norms.py; as the head reads the final
+norm's): its 43 column tiles of 64 would each re-read the fp32 rows in a fused prologue.
+`matmul_rotary` is the qkv product with rotary in its epilogue (bf16 q'|k'|v out, no fp32 scratch);
+it takes the fp32 residual rows and applies rmsnorm in its prologue (no rmsnorm launch):
 r comes from the per-row partial sums of squares the residual's producer wrote
 (`matmul_residual` — out_proj, mlp down — and embed_fwd: one per column tile, added in order),
 then each A chunk is scaled and rounded as it loads: the fp32 rows are read once per column tile;
@@ -22,7 +23,7 @@ import triton
 import triton.language as tl
 
 from plan.kernels import meta
-from plan.kernels.norms import RMS_EPS, load_parts
+from plan.kernels.norms import ssq_rstd
 from plan.kernels.rotary import load_rope, rotate_tile
 
 EPI_F32 = tl.constexpr(meta.EPI_F32)
@@ -79,17 +80,6 @@ def _accumulate(a_ptr, b_ptr, offs_m, offs_n, M, N, K, k_lo, k_hi, A_T: tl.const
         b = _load_b(b_ptr, k0 + offs_k, offs_n, N, K, B_T)
         acc = tl.dot(a, b, acc)
     return acc
-
-
-@triton.jit
-def _ssq_rstd(ssq_ptr, offs_m, M, K, SSQ_PARTS: tl.constexpr):
-    """r (BLOCK_M,) = 1/sqrt(mean(x²) + eps) of the rows offs_m of an fp32 residual x (M, K) from
-    its producer's per-row partial sums of squares ssq (SSQ_PARTS, M) — one per column tile of
-    the producer, added in column-tile order (a fixed order) — IEEE division and square root as
-    rmsnorm does.  The fused norm prologues so read x only once, as their A operand."""
-    ss = load_parts(ssq_ptr, offs_m, offs_m < M, M, SSQ_PARTS)
-    ms = tl.div_rn(ss, K.to(tl.float32))
-    return tl.div_rn(tl.full((), 1.0, tl.float32), tl.sqrt_rn(ms + RMS_EPS))
 
 
 @triton.jit
@@ -194,23 +184,19 @@ def matmul_residual(a_ptr, b_ptr, x_ptr, out_ptr, ssq_ptr, M, N, K,
 
 
 @triton.jit
-def matmul_swiglu(x_ptr, ssq_ptr, wg_ptr, wu_ptr, ab_ptr, z_ptr, h16_ptr, rstd_ptr, M, N, K,
-                  SSQ_PARTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_K: tl.constexpr,
+def matmul_swiglu(h16_ptr, wg_ptr, wu_ptr, ab_ptr, z_ptr, M, N, K,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                   GROUP_M: tl.constexpr):
-    """h = rmsnorm(x) in the prologue (x (M, K) fp32; the first column tile stores h16 and rstd);
-    a = bf(h) @ bf(Wgate)ᵀ, b = bf(h) @ bf(Wup)ᵀ (M, N); ab = [a | b] (M, 2N) fp32; z = bf(silu(a)·b)."""
+    """h16 (M, K) = bf(rmsnorm(x)) (rmsnorm_rows wrote it); a = h16 @ bf(Wgate)ᵀ,
+    b = h16 @ bf(Wup)ᵀ (M, N); ab = [a | b] (M, 2N) fp32; z = bf(silu(a)·b)."""
     pid_m, pid_n = _tile_ids(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
-    keep = offs_m * 0 + pid_n == 0        # (BLOCK_M,): a scalar mask trips Triton 3.9's interpreter
-    r = _ssq_rstd(ssq_ptr, offs_m, M, K, SSQ_PARTS)
-    tl.store(rstd_ptr + offs_m, r, mask=(offs_m < M) & keep)
     acc_a = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_b = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        h = _load_normed(x_ptr, h16_ptr, r, offs_m, k0 + offs_k, M, K, keep)
+        h = _load_a(h16_ptr, offs_m, k0 + offs_k, M, K, False)
         acc_a = tl.dot(h, _load_b(wg_ptr, k0 + offs_k, offs_n, N, K, True), acc_a)
         acc_b = tl.dot(h, _load_b(wu_ptr, k0 + offs_k, offs_n, N, K, True), acc_b)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
@@ -236,7 +222,7 @@ def matmul_rotary(x_ptr, ssq_ptr, w_ptr, qkv_ptr, rope_ptr, h16_ptr, rstd_ptr, M
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     keep = offs_m * 0 + pid_n == 0        # (BLOCK_M,): a scalar mask trips Triton 3.9's interpreter
-    r = _ssq_rstd(ssq_ptr, offs_m, M, K, SSQ_PARTS)
+    r = ssq_rstd(ssq_ptr, offs_m, M, K, SSQ_PARTS)
     tl.store(rstd_ptr + offs_m, r, mask=(offs_m < M) & keep)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):

@@ -1,7 +1,9 @@
 """Row norms: embedding gather + rmsnorm + gain (also the rotary table and next-row links), the
 rmsnorm backward, and the gain gradients (a
-fixed-order column reduction over rows: no atomics).  The forward rmsnorm of the norm sites runs in
-the prologue of the matmul that consumes it (plan/kernels/matmul.py).
+fixed-order column reduction over rows: no atomics).  The forward rmsnorm of the attention sites
+runs in the prologue of the matmul that consumes it (plan/kernels/matmul.py); the MLP sites' in
+`rmsnorm_rows`, from the same partial sums of squares with the same operations (`ssq_rstd`,
+bf(x·r)), so the bits are the prologue's.
 
 One program owns BLOCK_R whole rows (BLOCK_D ≥ D covers a row), so every row statistic is a
 single in-register reduction.  y = x·r is recomputed from the saved x and r (same fp32 ops as the
@@ -22,6 +24,34 @@ def _rstd(x, D: tl.constexpr):
     # r = 1/sqrt(mean(x²) + eps), IEEE division and square root as numpy does
     ms = tl.div_rn(tl.sum(x * x, 1), tl.full((), D, tl.float32))
     return tl.div_rn(tl.full((), 1.0, tl.float32), tl.sqrt_rn(ms + RMS_EPS))
+
+
+@triton.jit
+def ssq_rstd(ssq_ptr, offs_m, M, K, SSQ_PARTS: tl.constexpr):
+    """r (BLOCK_M,) = 1/sqrt(mean(x²) + eps) of the rows offs_m of an fp32 residual x (M, K) from
+    its producer's per-row partial sums of squares ssq (SSQ_PARTS, M) — one per column tile of
+    the producer, added in column-tile order (a fixed order) — IEEE division and square root as
+    rmsnorm does.  The fused norm prologues so read x only once, as their A operand."""
+    ss = load_parts(ssq_ptr, offs_m, offs_m < M, M, SSQ_PARTS)
+    ms = tl.div_rn(ss, K.to(tl.float32))
+    return tl.div_rn(tl.full((), 1.0, tl.float32), tl.sqrt_rn(ms + RMS_EPS))
+
+
+@triton.jit
+def rmsnorm_rows(x_ptr, ssq_ptr, h16_ptr, rstd_ptr, T, D: tl.constexpr, SSQ_PARTS: tl.constexpr,
+                 BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    """h16 = bf(x·r) (T, D) and rstd = r (T,) of BLOCK_R whole rows of the fp32 residual x, r from
+    its producer's SSQ_PARTS partial sums of squares: what matmul_swiglu's prologue would form
+    per column tile, formed once (NUMERICS rmsnorm)."""
+    offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_r = offs_r < T
+    mask = mask_r[:, None] & (offs_d[None, :] < D)
+    offs = offs_r[:, None] * D + offs_d[None, :]
+    r = ssq_rstd(ssq_ptr, offs_r, T, tl.full((), D, tl.int32), SSQ_PARTS)
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    tl.store(h16_ptr + offs, (x * r[:, None]).to(tl.bfloat16), mask=mask)
+    tl.store(rstd_ptr + offs_r, r, mask=mask_r)
 
 
 @triton.jit
