@@ -31,8 +31,8 @@ bytes of the launch, and what it reads or writes in mapped host memory (staging)
 
 Every input is a named constant in tools/cost_inputs.py with its source (a datasheet, a
 measurement in /work/.library/device/KINDS.md, or a stated assumption); what each kernel does is
-in tools/cost_kernels.py.  No figure here was measured on a GPU: the device check's per-launch
-table (`--measured`) is what calibrates them.
+in the family modules tools/cost_kernels_*.py (gathered by tools/cost_kernels.py).  No figure here
+was measured on a GPU: the device check's per-launch table (`--measured`) is what calibrates them.
 """
 from __future__ import annotations
 
@@ -202,7 +202,7 @@ def work_of(launch, bufs) -> Work:
     fam = REGISTRY.get(launch.function)
     if fam is None:
         raise KeyError(f"{launch.label}: no cost-model entry for kernel function {launch.function!r} "
-                       f"(add one to tools/cost_kernels.py; known: {sorted(REGISTRY)})")
+                       f"(add one to its family module, tools/cost_kernels_*.py; known: {sorted(REGISTRY)})")
     v = View(launch, bufs)
     work = fam(v)
     described = sum(len(g.trips) for g in work.programs)
