@@ -842,22 +842,33 @@ class _MatmulSwiglu:
         yield "z_ptr", (rows, cols), ref.bf16(m.z)
 
 
-@oracle("rmsnorm_rows")
-class _RmsnormRows:
-    """h16 = bf(rmsnorm(x)) and rstd from x and its producer's partial sums of squares: the
-    reference rmsnorm (the MLP sites' norm, formed once for the SwiGLU forward)."""
+class _NormRows:
+    """A row kernel that writes h16 (T, D) bf16 and rstd (T,) for BLOCK_R rows per program."""
 
-    def setup(self, case):
+    def outputs(self, case):
         T, D = case.scalar("T"), case.const("D")
-        _ssq_input(case, case.input("x_ptr", (T, D), scale=3.0))
         case.output("h16_ptr", (T, D), T_ULP)
         case.output("rstd_ptr", (T,), T_ELEM)
 
     def programs(self, case):
         return sample(case.launch.grid[0])
 
+    def rows(self, case, pid) -> slice:
+        return _block(pid, case.const("BLOCK_R"), case.scalar("T"))
+
+
+@oracle("rmsnorm_rows")
+class _RmsnormRows(_NormRows):
+    """h16 = bf(rmsnorm(x)) and rstd from x and its producer's partial sums of squares: the
+    reference rmsnorm (the MLP sites' norm, formed once for the SwiGLU forward)."""
+
+    def setup(self, case):
+        T, D = case.scalar("T"), case.const("D")
+        _ssq_input(case, case.input("x_ptr", (T, D), scale=3.0))
+        self.outputs(case)
+
     def expect(self, case, pid):
-        rows = _block(pid, case.const("BLOCK_R"), case.scalar("T"))
+        rows = self.rows(case, pid)
         y, r = ref.rmsnorm(case.data["x_ptr"][rows])
         yield "h16_ptr", (rows,), ref.bf16(y)
         yield "rstd_ptr", (rows,), r
@@ -1164,21 +1175,17 @@ def _rows_expect(case, rows, has_gain, accumulate, write_bf16):
 
 
 @oracle("final_norm")
-class _FinalNorm:
+class _FinalNorm(_NormRows):
     """h16 = bf(final_norm(x)·g) and rstd: the reference final_norm stage, the head's input."""
 
     def setup(self, case):
         T, D = case.scalar("T"), case.const("D")
         case.input("x_ptr", (T, D), scale=3.0)
         case.input("g_ptr", values=1 + 0.1 * case.rng.standard_normal(D, dtype=np.float32))
-        case.output("h16_ptr", (T, D), T_ULP)
-        case.output("rstd_ptr", (T,), T_ELEM)
-
-    def programs(self, case):
-        return sample(case.launch.grid[0])
+        self.outputs(case)
 
     def expect(self, case, pid):
-        rows = _block(pid, case.const("BLOCK_R"), case.scalar("T"))
+        rows = self.rows(case, pid)
         f = ref.final_norm(case.data["x_ptr"][rows], case.data["g_ptr"])
         yield "h16_ptr", (rows,), ref.bf16(f.hf)
         yield "rstd_ptr", (rows,), f.r
@@ -1350,6 +1357,21 @@ class _Learner:
             case.output(arg, shape, T_ADAMW, at=plane * N, key=prefix + name)
 
 
+def _e_blocks(case, blocks) -> None:
+    """Fresh P, M, V of E's vocabulary blocks `blocks` (BLOCK_V rows each) as inputs, keyed E{b}."""
+    V, D, bv = case.scalar("V"), case.const("D"), case.const("BLOCK_V")
+    for b in blocks:
+        rows = _block(b, bv, V)
+        _Learner.planes(case, "e_ptr", rows.start * D, (rows.stop - rows.start) * D, f"E{b}")
+
+
+def _e_outputs(case) -> None:
+    """E's P, M, V planes and the w1 window, declared as outputs."""
+    V, D = case.scalar("V"), case.const("D")
+    _Learner.outputs(case, "e_ptr", (V, D), "E")
+    case.output("w1_ptr", (case.const("W1_WORDS"),), EXACT)
+
+
 def _present_rows(case, rows: slice) -> np.ndarray:
     """The rows of `rows` that some id of the context holds, increasing."""
     ids = case.data["ids_ptr"].astype(np.int64)
@@ -1375,7 +1397,7 @@ class _EmbedDecay:
 
     def setup(self, case):
         T, V = case.scalar("T", "V")
-        D, bv = case.const("D", "BLOCK_V")
+        bv = case.const("BLOCK_V")
         n, blocks = case.launch.grid[0], cdiv(V, bv)
         if n > blocks:
             raise AssertionError(f"{case.launch.kernel}: grid {n} for {blocks} vocabulary blocks")
@@ -1387,11 +1409,8 @@ class _EmbedDecay:
         # which the w1 window covers): both kinds of row in one block
         hot = [min(int(b * bv + case.rng.integers(0, bv)), V - 1) for b in mine[::7] + [0]]
         case.input("ids_ptr", values=_token_ids(case, T, V, hot))
-        for b in mine:
-            rows = _block(b, bv, V)
-            _Learner.planes(case, "e_ptr", rows.start * D, (rows.stop - rows.start) * D, f"E{b}")
-        _Learner.outputs(case, "e_ptr", (V, D), "E")
-        case.output("w1_ptr", (case.const("W1_WORDS"),), EXACT)
+        _e_blocks(case, mine)
+        _e_outputs(case)
 
     def programs(self, case):
         return case.hint
@@ -1433,14 +1452,11 @@ class _EmbedGrad:
         case.input("next_ptr", values=_next_rows(ids))
         case.input("de_ptr", (T, D))
         case.input("dgain_ptr", (2, D), scale=1e-3)
-        for pid in case.hint[:-1]:
-            rows = _block(pid, bv, V)
-            _Learner.planes(case, "e_ptr", rows.start * D, (rows.stop - rows.start) * D, f"E{pid}")
+        _e_blocks(case, case.hint[:-1])
         for g in ("gain0_ptr", "gain1_ptr"):
             _Learner.planes(case, g, 0, D, g)
             _Learner.outputs(case, g, (D,), g)
-        _Learner.outputs(case, "e_ptr", (V, D), "E")
-        case.output("w1_ptr", (case.const("W1_WORDS"),), EXACT)
+        _e_outputs(case)
 
     def programs(self, case):
         return case.hint

@@ -26,6 +26,14 @@ def _split(v: View) -> AttentionSplit:
     return AttentionSplit(T, BM, BN, H, G, v.c.get("FWD_CHUNK", 1), v.c.get("BWD_CHUNK", 1))
 
 
+def _programs(v: View, which, what: str):
+    """(split, its programs `which` lists — an AttentionSplit method), checked against the grid."""
+    sp = _split(v)
+    progs = which(sp)
+    _check_programs(v, len(progs), what)
+    return sp, progs
+
+
 def _check_programs(v: View, n: int, what: str):
     if v.programs != n:
         raise ValueError(f"{v.launch.label}: grid {v.launch.grid}, the split has {n} {what}")
@@ -48,9 +56,7 @@ def _by_fixed(progs, trips_of, fixed_of, step) -> tuple[Programs, ...]:
 @family("attention_fwd")
 def _attention_fwd(v: View) -> Work:
     T, H, G, d, BM, BN, W = _attn_dims(v)
-    sp = _split(v)
-    progs = sp.fwd_programs()
-    _check_programs(v, len(progs), "forward chunk programs")
+    sp, progs = _programs(v, AttentionSplit.fwd_programs, "forward chunk programs")
     e = BM * BN
     step = Step(mma_flops=2 * (2 * BM * BN * d), load_bytes=2 * BN * d * 2,      # K, V tiles
                 mufu_ops=e + BM, alu_ops=8 * e, phases=4)       # s, row max, row sum, p·v
@@ -67,9 +73,7 @@ def _attention_fwd(v: View) -> Work:
 @family("attention_fwd_merge")
 def _attention_fwd_merge(v: View) -> Work:
     T, H, G, d, BM, BN, W = _attn_dims(v)
-    sp = _split(v)
-    progs = sp.fwd_merge_programs()
-    _check_programs(v, len(progs), "(query block, head) merges")
+    sp, progs = _programs(v, AttentionSplit.fwd_merge_programs, "(query block, head) merges")
     part = BM * d * 4 + 2 * BM * 4
     # per chunk: acc_c, l_c and m_c (twice: the max pass) in, one exp, a multiply-add per element;
     # one stage: each trip waits for its loads
@@ -84,9 +88,7 @@ def _attention_fwd_merge(v: View) -> Work:
 @family("attention_bwd")
 def _attention_bwd(v: View) -> Work:
     T, H, G, d, BM, BN, W = _attn_dims(v)
-    sp = _split(v)
-    progs = sp.dkdv_programs()
-    _check_programs(v, len(progs), "dK/dV chunk programs")
+    sp, progs = _programs(v, AttentionSplit.dkdv_programs, "dK/dV chunk programs")
     e = BM * BN
     # a (query head, query block) trip: kqᵀ, pᵀdO, v dOᵀ, dsᵀq; qᵀ, dO (fp32), lse, delta in;
     # the bf(ds)ᵀ tile out
@@ -107,9 +109,7 @@ def _attention_bwd(v: View) -> Work:
 @family("attention_bwd_dq")
 def _attention_bwd_dq(v: View) -> Work:
     T, H, G, d, BM, BN, W = _attn_dims(v)
-    sp = _split(v)
-    progs = sp.dq_programs()
-    _check_programs(v, len(progs), "dQ + merge programs")
+    sp, progs = _programs(v, AttentionSplit.dq_programs, "dQ + merge programs")
     rope = BM * d * 4                                             # [cos|sin] rows, fp32
     # dQ (query block m, head): kv blocks 0 .. m, one product per trip from the stored bf(ds)ᵀ
     dq_trips = tuple(sp.fwd_kv_blocks(m) for kind, m, _ in progs if kind == "dq")
