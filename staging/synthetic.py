@@ -192,25 +192,35 @@ def generate(profile, design: Design = DESIGN) -> np.ndarray:
         raw = bits.random_raw(-(-c * step_bytes // 8)).astype("<u8").view(np.uint8)
         raw = raw[:c * step_bytes].reshape(c, nb, B1)
         steps = d_k[raw & (K - 1)]                                         # (c, nb, B-1)
-        y = np.zeros((c, nb, B1), np.int64)        # walk relative to token 1024c
-        start = np.zeros(c, np.int64)
-        rows = np.arange(c)
-        kind = kinds[a:a + c]
-        for b in range(nb):
-            walk = start[:, None] + np.cumsum(steps[:, b], axis=1)         # (c, B-1)
-            if b:
-                src = y[rows, b - np.maximum(kind[:, b], 1)]              # (c, B-1)
-                walk = np.where(kind[:, b, None] > 0, src, walk)
-            y[:, b] = walk
-            start = walk[:, -1]
-        # absolute walk of each context's token 0: cumulative over the chunk's contexts
-        base = y0 + np.concatenate(([0], np.cumsum(start[:-1])))           # (c,)
-        y0 = int((y0 + start.sum()) % N)
-        tokens = np.empty((c, nb, design.block), np.uint32)
-        tokens[:, :, 0] = kind
-        tokens[:, :, 1:] = J + 1 + perm[(y + (base % N)[:, None, None]) % N]
+        tokens, y0 = content_chunk(steps, kinds[a:a + c], perm, y0, N, J)
         out[1 + a * T:1 + (a + c) * T] = tokens.reshape(-1)
     return out
+
+
+def content_chunk(steps: np.ndarray, kind: np.ndarray, perm: np.ndarray, y0: int, N: int,
+                  J: int) -> tuple[np.ndarray, int]:
+    """The tokens (c, nb, B) of c consecutive contexts and the walk after them: per block, the
+    marker kind[:, b], then B−1 content ids — a walk of `steps` (c, nb, B−1) over the chain, or for
+    a copy block (kind > 0) block b − kind's walk again — the walk continuing from context to
+    context (y0: its absolute value at the chunk's first token), ids J + 1 + perm[walk mod N].
+    (tools/proxy_train.py's frozen pre-issue-17 generator walks the same way.)"""
+    c, nb, B1 = steps.shape
+    y = np.zeros((c, nb, B1), np.int64)            # walk relative to each context's token 0
+    start = np.zeros(c, np.int64)
+    rows = np.arange(c)
+    for b in range(nb):
+        walk = start[:, None] + np.cumsum(steps[:, b], axis=1)             # (c, B-1)
+        if b:
+            src = y[rows, b - np.maximum(kind[:, b], 1)]                  # (c, B-1)
+            walk = np.where(kind[:, b, None] > 0, src, walk)
+        y[:, b] = walk
+        start = walk[:, -1]
+    # absolute walk of each context's token 0: cumulative over the chunk's contexts
+    base = y0 + np.concatenate(([0], np.cumsum(start[:-1])))               # (c,)
+    tokens = np.empty((c, nb, B1 + 1), np.uint32)
+    tokens[:, :, 0] = kind
+    tokens[:, :, 1:] = J + 1 + perm[(y + (base % N)[:, None, None]) % N]
+    return tokens, int((y0 + start.sum()) % N)
 
 
 # --------------------------------------------------------------- floors (for the host's display)

@@ -79,22 +79,7 @@ class OldStream:
             c = min(1000, C - a)
             raw = bits.random_raw(c * (nb * B1 // 8)).astype("<u8").view(np.uint8)
             steps = d_k[self._OF_3_BITS[raw & 7]].reshape(c, nb, B1)
-            y = np.zeros((c, nb, B1), np.int64)
-            start = np.zeros(c, np.int64)
-            rows = np.arange(c)
-            kind = kinds[a:a + c]
-            for b in range(nb):
-                walk = start[:, None] + np.cumsum(steps[:, b], axis=1)
-                if b:
-                    src = y[rows, b - np.maximum(kind[:, b], 1)]
-                    walk = np.where(kind[:, b, None] > 0, src, walk)
-                y[:, b] = walk
-                start = walk[:, -1]
-            base = y0 + np.concatenate(([0], np.cumsum(start[:-1])))
-            y0 = int((y0 + start.sum()) % N)
-            tokens = np.empty((c, nb, self.BLOCK), np.uint32)
-            tokens[:, :, 0] = kind
-            tokens[:, :, 1:] = J + 1 + perm[(y + (base % N)[:, None, None]) % N]
+            tokens, y0 = synthetic.content_chunk(steps, kinds[a:a + c], perm, y0, N, J)
             out[1 + a * T:1 + (a + c) * T] = tokens.reshape(-1)
         return out
 
