@@ -136,17 +136,28 @@ def _series(ax, steps, values, colour) -> None:
             ms=3)
 
 
+def _timed_panel(ax, steps, values, unit: str, colour: str, name: str, empty: str, title: str,
+                 spec: str) -> float | None:
+    """A per-update time series with its p50 and p99 in the title (`title` before them, values in
+    `spec`), or `name` and `empty` when there is none; returns the p50 (None when empty)."""
+    ax.set_ylabel(unit)
+    if not values.size:
+        ax.set_title(name, fontsize=10, loc="left")
+        _empty(ax, empty)
+        return None
+    p50, p99 = np.percentile(values, [50, 99])
+    ax.set_title(f"{title}: p50 {p50:{spec}} {unit}, p99 {p99:{spec}} {unit}", fontsize=10,
+                 loc="left")
+    _series(ax, steps, values, colour)
+    return p50
+
+
 def _device_panel(ax, rf):
     steps, dev_ms = rf.update_steps(), rf.device_step_ns() / 1e6          # (updates,) each
-    ax.set_ylabel("ms")
-    if not dev_ms.size:
-        ax.set_title("device time per update", fontsize=10, loc="left")
-        _empty(ax, "no timed update steps")
+    if _timed_panel(ax, steps, dev_ms, "ms", "tab:green", "device time per update",
+                    "no timed update steps",
+                    "device time per update (final − pre-launch release)", ".3f") is None:
         return
-    p50, p99 = np.percentile(dev_ms, [50, 99])
-    ax.set_title(f"device time per update (final − pre-launch release): p50 {p50:.3f} ms, "
-                 f"p99 {p99:.3f} ms", fontsize=10, loc="left")
-    _series(ax, steps, dev_ms, "tab:green")
     failed = rf.timestamps[(rf.timestamps["flags"] & R.FLAG_ERROR) != 0]
     failed = failed[failed["step"] != R.TIMESTAMP_NO_STEP]
     if failed.size:     # an update whose fence never came: no device time, a mark at its step
@@ -157,16 +168,10 @@ def _device_panel(ax, rf):
 def _gap_panel(ax, rf):
     steps, gap_ns = rf.update_gaps()                                      # (k,) each
     gap_us = gap_ns / 1e3
-    ax.set_ylabel("µs")
-    if not gap_us.size:
-        ax.set_title("host gap before each update", fontsize=10, loc="left")
-        _empty(ax, "no update issues")
-        return
-    p50, p99 = np.percentile(gap_us, [50, 99])
-    ax.set_title(f"host gap, previous fence → this update's issue: p50 {p50:,.1f} µs, "
-                 f"p99 {p99:,.1f} µs", fontsize=10, loc="left")
-    _series(ax, steps, gap_us, "tab:orange")
-    if p50 > 0 and gap_us.max() / p50 > GAP_LOG_RATIO:
+    p50 = _timed_panel(ax, steps, gap_us, "µs", "tab:orange", "host gap before each update",
+                       "no update issues", "host gap, previous fence → this update's issue",
+                       ",.1f")
+    if p50 is not None and p50 > 0 and gap_us.max() / p50 > GAP_LOG_RATIO:
         ax.set_yscale("log")
 
 
