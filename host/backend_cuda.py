@@ -6,7 +6,9 @@ Only runtime dependencies (cuda-bindings, numpy, cffi): no Triton, no torch.  PT
 cannot launch as its manifest asks (shared memory, threads per block) is refused before any memory
 is allocated.  Staging is the 8 MiB pinned region mapped into the device; every device buffer of
 plan/buffers.py is one cuMemAlloc.  Each submission is captured once into a CUDA graph and issued
-by one cuGraphLaunch.  Closing waits a bounded time for issued work; what the GPU may still touch
+by one cuGraphLaunch; on sm_90a the edges plan/launch_graph.programmatic allows are captured
+programmatically (the next kernel launches while its predecessor works and waits for it at its
+first statement).  Closing waits a bounded time for issued work; what the GPU may still touch
 after that is never freed (process exit frees it).
 """
 from __future__ import annotations
@@ -16,6 +18,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 
+from plan import launch_graph as _graph
 from plan import launches as _launches
 from staging import layout as SL
 from staging import records as R
@@ -50,6 +53,8 @@ class SubmissionTiming:
     enqueue_us: list = field(default_factory=list)   # (repeats,) host time to enqueue the list
     lead_us: list = field(default_factory=list)      # (repeats,) device time queued ahead of it
     lead: int = TIMING_LEAD_MIN             # graph replays queued ahead, after the warm-up
+    programmatic_edges: int = 0             # edges of the timed graph captured programmatically
+    full_edges_graph_us: list = field(default_factory=list)  # (repeats,) recaptured, all full
 
     @property
     def starved(self) -> int:
@@ -101,8 +106,14 @@ class CudaBackend(Backend):
     name = "cuda"
     code = R.BACKEND_CUDA
 
-    def __init__(self, profile, device: drv.Device | None = None):
+    def __init__(self, profile, device: drv.Device | None = None, pdl: bool = True):
+        """`pdl`: capture the launches the plan allows with programmatic edges to their lane's
+        previous launch (plan/launch_graph.programmatic) where the loaded kernel was built to wait
+        for it (sm_90a); False captures every edge in full (tools/gpu_check_launches.py times
+        both)."""
         super().__init__(profile)
+        self.pdl = pdl
+        self.programmatic_edges: dict[int, int] = {}    # submission → edges captured so, last capture
         self._closers = []
         self._graphs: list[drv.Graph] = []
         self._snapshot: drv.DeviceBuffer | None = None
@@ -236,12 +247,16 @@ class CudaBackend(Backend):
         and waited on by i's stream just before i.  The final launch is on the main lane and
         waits for the side lane's last launch, so the capture ends joined."""
         streams = self._lane_streams(stream)
+        allowed = _graph.programmatic(sub.launches)
+        self.programmatic_edges[sub.index] = 0
         for i, (kernel, params, grid) in enumerate(launches):
             on = streams[sub.launches[i].lane]
             for j in sub.deps[i]:
                 if j in marks and sub.launches[j].lane != sub.launches[i].lane:
                     on.wait(marks[j])
-            kernel.launch(on, grid, params)
+            overlap = self.pdl and allowed[i] and kernel.pdl
+            kernel.launch(on, grid, params, programmatic=overlap)
+            self.programmatic_edges[sub.index] += overlap
             if i in marks:
                 marks[i].record(on)
 

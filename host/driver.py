@@ -385,14 +385,17 @@ class Kernel:
               "i8": ctypes.c_int8, "f64": ctypes.c_double}
 
     def __init__(self, function, name: str, param_types: list[str], threads: int, shared: int,
-                 scratch: tuple[int, ...] = (), spills: tuple[int, int] | None = None):
+                 scratch: tuple[int, ...] = (), spills: tuple[int, int] | None = None,
+                 pdl: bool = False):
         """`shared`: dynamic shared memory bytes per block; `scratch`: bytes per program of each
         of Triton's hidden trailing scratch pointers (0: passed as null); `spills`: (store, load)
-        bytes from the JIT log when it ran."""
+        bytes from the JIT log when it ran; `pdl`: the kernel waits for the grids before it
+        (griddepcontrol.wait) before it touches memory, so it may be launched programmatically."""
         self.function, self.name = function, name
         self.param_types, self.threads, self.shared = param_types, threads, shared
         self.scratch = tuple(scratch)
         self.spills = spills
+        self.pdl = pdl
         self.attributes = FunctionAttributes.read(function, name)
 
     @property
@@ -414,9 +417,34 @@ class Kernel:
                              f"{len(self.param_types)} parameters")
         return PackedParams([self.CTYPES[t](v) for t, v in zip(self.param_types, values)])
 
-    def launch(self, stream: Stream, grid: tuple[int, int, int], params: "PackedParams") -> None:
-        check(cu().cuLaunchKernel(self.function, *grid, self.threads, 1, 1, self.shared,
-                                  stream.handle, params.address, 0), f"cuLaunchKernel({self.name})")
+    def launch(self, stream: Stream, grid: tuple[int, int, int], params: "PackedParams",
+               programmatic: bool = False) -> None:
+        """Enqueue one launch.  `programmatic`: resolve its dependency on the stream's previous
+        kernel programmatically (cuLaunchKernelEx with programmatic stream serialization): it may
+        launch once that kernel's blocks have all passed their griddepcontrol.launch_dependents,
+        and waits at its own griddepcontrol.wait until that kernel is done.  Only a `pdl` kernel
+        may be launched so: one without the wait would race its predecessor."""
+        if not programmatic:
+            check(cu().cuLaunchKernel(self.function, *grid, self.threads, 1, 1, self.shared,
+                                      stream.handle, params.address, 0),
+                  f"cuLaunchKernel({self.name})")
+            return
+        if not self.pdl:
+            raise ValueError(f"{self.name}: a programmatic launch of a kernel that does not wait "
+                             "for its predecessor; hint: rebuild the PTX (tools/build_ptx.py)")
+        d = cu()
+        attr = d.CUlaunchAttribute()
+        attr.id = d.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attr.value.programmaticStreamSerializationAllowed = 1
+        config = d.CUlaunchConfig()
+        config.gridDimX, config.gridDimY, config.gridDimZ = grid
+        config.blockDimX, config.blockDimY, config.blockDimZ = self.threads, 1, 1
+        config.sharedMemBytes = self.shared
+        config.hStream = stream.handle
+        config.attrs = [attr]
+        config.numAttrs = 1
+        check(d.cuLaunchKernelEx(config, self.function, params.address, 0),
+              f"cuLaunchKernelEx({self.name}, programmatic)")
 
 
 class PackedParams:

@@ -50,6 +50,13 @@ def _param_type(t: str, where: str) -> str:
         raise PtxMissing(f"{where}: manifest parameter type {t!r} is unknown", REBUILD_HINT) from None
 
 
+def _pdl(value, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise PtxMissing(f"{where}: manifest field 'pdl' is {value!r}, not true or false",
+                         REBUILD_HINT)
+    return value
+
+
 @dataclass(frozen=True)
 class Entry:
     key: str                    # the launch list's kernel name
@@ -61,6 +68,7 @@ class Entry:
     sha256: str                 # of the PTX file
     hidden: tuple[str, ...] = ()        # names of Triton's trailing scratch parameters
     scratch: tuple[int, ...] = ()       # bytes per program for each hidden parameter (0: null)
+    pdl: bool = False                   # waits for the grids before it first (programmatic launch)
 
     @classmethod
     def from_record(cls, directory: Path, key: str, k: dict) -> "Entry":
@@ -72,7 +80,8 @@ class Entry:
                    param_types=tuple(_param_type(_field(p, "type", where), where) for p in params),
                    threads=int(_field(k, "threads", where)), shared=int(_field(k, "shared", where)),
                    sha256=_field(k, "sha256", where), hidden=hidden,
-                   scratch=tuple(int(_field(_field(k, h, where), "size", where)) for h in hidden))
+                   scratch=tuple(int(_field(_field(k, h, where), "size", where)) for h in hidden),
+                   pdl=_pdl(_field(k, "pdl", where), where))
 
     def read(self) -> bytes:
         """The PTX bytes, checked against the manifest's digest."""
@@ -130,7 +139,7 @@ class Manifest:
             module = modules[e.file]
             out[e.key] = drv.Kernel(module.function(e.entry), e.key, list(e.param_types),
                                     e.threads, e.shared, scratch=e.scratch,
-                                    spills=module.spills(e.entry))
+                                    spills=module.spills(e.entry), pdl=e.pdl)
         return out
 
     def display_name(self, e: Entry) -> str:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from plan.launch_types import LANES, MAIN_LANE, Launch
+from plan.launch_types import HAND_WRITTEN, LANES, MAIN_LANE, Launch
 
 
 class GraphError(ValueError):
@@ -63,6 +63,24 @@ def dependencies(launches) -> tuple[tuple[int, ...], ...]:
     if launches:
         _check_joined(launches, deps)
     return deps
+
+
+def programmatic(launches) -> tuple[bool, ...]:
+    """Per launch: whether its edge to the previous launch of its lane may be programmatic
+    (programmatic dependent launch, issue 14): both are Triton kernels, whose first statement
+    waits for the grids before them (plan/kernels/grid_dependency.py), so the next one's launch
+    and block dispatch may overlap the previous one's work.  The first launch of a lane has no
+    such predecessor, and the hand-written kernels (release, release_stage_in) neither wait nor
+    let the next launch early: those edges stay full, as do the cross-lane ones.  A backend
+    overlaps only where the loaded kernels were built to wait (the sm_90a PTX; the cuda backend
+    checks each kernel's manifest `pdl`); the cost model charges these edges LAUNCH_PDL."""
+    out, last = [], {}
+    for launch in launches:
+        prev = last.get(launch.lane)
+        out.append(prev is not None and launch.function not in HAND_WRITTEN
+                   and prev.function not in HAND_WRITTEN)
+        last[launch.lane] = launch
+    return tuple(out)
 
 
 def ancestors(deps) -> list[int]:

@@ -55,6 +55,7 @@ class Node:
     deps: frozenset
     stream: int
     launch: tuple | None = None
+    programmatic: bool = False     # its edge to its stream's previous node is programmatic
 
 
 @dataclass
@@ -66,8 +67,9 @@ class Capture:
     frontier: dict = field(default_factory=dict)
     events: dict = field(default_factory=dict)
 
-    def add(self, stream, run, launch=None) -> None:
-        self.nodes.append(Node(run, frozenset(self.frontier[stream]), stream, launch))
+    def add(self, stream, run, launch=None, programmatic=False) -> None:
+        self.nodes.append(Node(run, frozenset(self.frontier[stream]), stream, launch,
+                               programmatic))
         self.frontier[stream] = frozenset({len(self.nodes) - 1})
 
     def ancestors(self, nodes) -> set:
@@ -91,6 +93,12 @@ class FakeDriver:
     CUstream_flags = SimpleNamespace(CU_STREAM_NON_BLOCKING=1)
     CUevent_flags = SimpleNamespace(CU_EVENT_DEFAULT=0, CU_EVENT_DISABLE_TIMING=2)
     CUstreamCaptureMode = SimpleNamespace(CU_STREAM_CAPTURE_MODE_THREAD_LOCAL=1)
+    CUlaunchAttributeID = SimpleNamespace(CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION=6)
+    CUlaunchAttribute = staticmethod(lambda: SimpleNamespace(
+        id=0, value=SimpleNamespace(programmaticStreamSerializationAllowed=0)))
+    CUlaunchConfig = staticmethod(lambda: SimpleNamespace(
+        gridDimX=0, gridDimY=0, gridDimZ=0, blockDimX=0, blockDimY=0, blockDimZ=0,
+        sharedMemBytes=0, hStream=None, attrs=[], numAttrs=0))
     CUfunction_attribute = SimpleNamespace(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES=8,
                                            CU_FUNC_ATTRIBUTE_NUM_REGS="regs",
                                            CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES="local",
@@ -123,6 +131,7 @@ class FakeDriver:
         self.graphs = {}               # graph handle -> [Node] in capture order
         self.streams = 0               # stream handles handed out
         self.launch_log = []           # (function entry, grid, block, shared, params bytes)
+        self.programmatic_log = []     # per launch_log record: launched programmatically
         self.sticky_error = None
         self.calls = []
         self.events = {}               # event handle -> host perf_counter_ns when "reached", or None
@@ -198,10 +207,10 @@ class FakeDriver:
                 return host
         raise ValueError(f"fake device: address {device_ptr:#x} is not allocated")
 
-    def _op(self, fn, stream, launch=None):
+    def _op(self, fn, stream, launch=None, programmatic=False):
         """Run `fn` now, or — on a stream taking part in a capture — make it a graph node."""
         if self.capturing is not None and stream in self.capturing.frontier:
-            self.capturing.add(stream, fn, launch)
+            self.capturing.add(stream, fn, launch, programmatic)
         else:
             fn()
         return (OK,)
@@ -303,10 +312,27 @@ class FakeDriver:
         return (OK,)
 
     # ---- launches and graphs
-    def cuLaunchKernel(self, f, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+    def cuLaunchKernelEx(self, config, f, params, extra):
+        """cuLaunchKernelEx with the one attribute the backend sets: programmatic stream
+        serialization (sm_90 and later, as the driver has it)."""
+        attrs = list(config.attrs)[:config.numAttrs]
+        pss = self.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        if len(attrs) != config.numAttrs or any(a.id != pss for a in attrs):
+            return (CUresult.CUDA_ERROR_INVALID_VALUE,)
+        programmatic = any(a.value.programmaticStreamSerializationAllowed for a in attrs)
+        if programmatic and self.cc < (9, 0):
+            return (CUresult.CUDA_ERROR_INVALID_VALUE,)
+        return self.cuLaunchKernel(f, config.gridDimX, config.gridDimY, config.gridDimZ,
+                                   config.blockDimX, config.blockDimY, config.blockDimZ,
+                                   config.sharedMemBytes, config.hStream, params, extra,
+                                   programmatic=programmatic)
+
+    def cuLaunchKernel(self, f, gx, gy, gz, bx, by, bz, shared, stream, params, extra,
+                       programmatic=False):
         # the backend keeps its packed parameters alive as long as its graphs: decode them later
         record = (f, (gx, gy, gz), (bx, by, bz), shared, int(params))
         self.launch_log.append(record)
+        self.programmatic_log.append(programmatic)
 
         def run():
             if f in ("release", "release_stage_in"):
@@ -323,7 +349,7 @@ class FakeDriver:
                 ctypes.c_uint64.from_address(base + 8).value = time.time_ns()
                 ctypes.c_uint32.from_address(base + 4).value = 0
                 ctypes.c_uint32.from_address(base).value = seq
-        return self._op(run, stream, record)
+        return self._op(run, stream, record, programmatic)
 
     def cuStreamBeginCapture(self, stream, mode):
         self.capturing = Capture(stream, frontier={stream: frozenset()})

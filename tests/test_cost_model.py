@@ -35,10 +35,11 @@ def _close(got: float, want: float, what: str):
 
 
 def fake_stats(profile, regs: int = 64) -> dict:
-    """ptxas-free figures: every kernel at `regs` registers, shared memory and threads from the
-    committed manifest (the figures the model reads besides the registers)."""
+    """ptxas-free figures: every kernel at `regs` registers, shared memory, threads and `pdl`
+    from the committed manifest (the figures the model reads besides the registers)."""
     m = json.loads((ROOT / "kernels_ptx" / profile.name / "sm_90a" / "manifest.json").read_text())
-    return {e: cm.KernelStats(regs, r["shared"], r["threads"]) for e, r in m["kernels"].items()}
+    return {e: cm.KernelStats(regs, r["shared"], r["threads"], pdl=r["pdl"])
+            for e, r in m["kernels"].items()}
 
 
 def test_inputs_the_hand_computations_use():
@@ -194,7 +195,7 @@ def test_json_schema_and_totals():
     keys = {"label", "kernel", "function", "bucket", "grid", "programs", "threads", "regs", "smem",
             "spill", "per_sm", "occupancy_limit", "rounds", "programs_per_sm", "flops", "l2_bytes",
             "hbm_bytes", "staging_read_bytes", "staging_requests", "staging_write_bytes",
-            "serial_iterations", "bounds_us", "binding", "us"}
+            "serial_iterations", "programmatic", "bounds_us", "binding", "us"}
     for e in j["per_launch"]:
         assert keys <= set(e), keys - set(e)
         assert set(e["bounds_us"]) == {"tensor", "pipes", "l2", "hbm", "pcie", "serial"}
@@ -222,8 +223,11 @@ def test_json_schema_and_totals():
                f"HBM floor {s}")
         _close(f["tensor"], sum(e["flops"] for e in j["per_launch"]) / cm.BF16_FLOPS[s] * US,
                f"tensor floor {s}")
-        main = sum(1 for l in UPDATE.values() if l.lane == MAIN_LANE)
-        _close(f["launches"], main * cm.LAUNCH[s] * US, f"launch floor {s}")
+        main = [e for e in j["per_launch"] if UPDATE[e["label"]].lane == MAIN_LANE]
+        quick = sum(e["programmatic"] for e in main)
+        assert quick == len(main) - 3          # not the stage-in, the embed after it, the release
+        _close(f["launches"], (quick * cm.LAUNCH_PDL[s] + (len(main) - quick) * cm.LAUNCH[s]) * US,
+               f"launch floor {s}")
         assert max(f.values()) <= lane["graph_us"], (s, f, lane["graph_us"])
     assert set(j["inputs"]) == set(cm.INPUTS) and all(v["source"] for v in j["inputs"].values())
 
@@ -285,13 +289,48 @@ def test_two_lanes_share_sms_and_bandwidth(main_label, shares, dw_regs, held):
     _close(r.both_working_s, dm / slow, "both working")
 
 
-def test_one_lane_is_the_serial_sum():
-    """With every launch on the main lane the schedule is the per-launch sum (forward list)."""
+@pytest.mark.parametrize("s", cm.SCENARIOS)
+def test_one_lane_is_the_serial_sum(s):
+    """With every launch on the main lane the schedule is the per-launch sum (forward list), less
+    LAUNCH − LAUNCH_PDL for each programmatic edge: every launch but the stage-in, the refresh
+    after it and the final release (hand-written, or after one); with full edges, exactly."""
     import cost_lanes
     fwd = launches.submissions(PROD)[0]
     costs = cm.model(PROD, "forward", fake_stats(PROD))
-    r = cost_lanes.schedule(fwd, costs, buffers(PROD), "central")
-    _close(r.makespan_s * US, sum(c.us["central"] for c in costs), "forward")
+    quick = [c.label for c in costs if c.programmatic]
+    assert len(quick) == len(costs) - 3
+    assert {c.label for c in costs} - set(quick) == {fwd.launches[0].label, fwd.launches[1].label,
+                                                     fwd.launches[-1].label}
+    r = cost_lanes.schedule(fwd, costs, buffers(PROD), s)
+    saved = len(quick) * (cm.LAUNCH[s] - cm.LAUNCH_PDL[s]) * US
+    _close(r.makespan_s * US, sum(c.us[s] for c in costs) - saved, "forward")
+    full = [dataclasses.replace(c, programmatic=False) for c in costs]
+    _close(cost_lanes.schedule(fwd, full, buffers(PROD), s).makespan_s * US,
+           sum(c.us[s] for c in costs), "forward, full edges")
+
+
+def test_a_cross_lane_edge_that_resolves_last_is_a_full_launch():
+    """cost_lanes.launch_cost: a programmatic launch pays LAUNCH_PDL only when its lane's previous
+    launch is the last of its predecessors to finish; when the other lane's launch it waits for
+    ends later, the edge that resolves it is a full one (LAUNCH)."""
+    import cost_lanes
+    from plan.launch_graph import dependencies
+    first, a, b, side, last = (UPDATE[k] for k in (
+        "prelaunch_release+stage_in", "layers.8.mlp_backward.norm",
+        "layers.8.out_proj_backward.do+delta", "head_backward.dW+adamw", "final_release"))
+    lst = (first, dataclasses.replace(a, after=()),
+           dataclasses.replace(side, after=(first.label,)),
+           dataclasses.replace(b, after=(side.label,)), dataclasses.replace(last, after=()))
+    sub = launches.Submission(1, "update", lst, dependencies(lst))
+    costs = [cm.cost(x, buffers(PROD), fake_stats(PROD)) for x in lst]
+    for c, ok in zip(costs, cm.programmatic(lst)):
+        c.programmatic = ok
+    assert [c.programmatic for c in costs] == [False, False, False, True, False]
+    s = "central"
+    assert sub.deps[3] == (1, 2)
+    assert cost_lanes.launch_cost(sub, costs, [0, 2.0, 1.0, None, None], 3, s) == cm.LAUNCH_PDL[s]
+    assert cost_lanes.launch_cost(sub, costs, [0, 1.0, 2.0, None, None], 3, s) == cm.LAUNCH[s]
+    assert cost_lanes.launch_cost(sub, costs, [0, 1.0, 2.0, None, None], 2, s) == cm.LAUNCH[s]
 
 
 def test_mapped_host_memory_is_counted_where_staging_is_read():

@@ -12,7 +12,7 @@ import pytest
 
 from host import driver as drv
 from host import ptx
-from plan import launches, profiles
+from plan import launch_graph, launches, profiles
 from staging import layout as L
 from staging import records as R
 
@@ -542,8 +542,10 @@ def test_captured_graphs_have_exactly_the_plans_edges(fake, profile, monkeypatch
             assert len(nodes) == len(sub.launches), sub.name
             assert all(n.launch is not None for n in nodes), f"{sub.name}: a non-kernel node"
             main = nodes[0].stream
+            overlap = launch_graph.programmatic(sub.launches)
             for i, (node, launch) in enumerate(zip(nodes, sub.launches)):
                 assert node.deps == frozenset(sub.deps[i]), (sub.name, launch.label)
+                assert node.programmatic == overlap[i], (sub.name, launch.label)
                 assert (node.stream == main) == (launch.lane == launches.MAIN_LANE), launch.label
                 if launch.lane != launches.MAIN_LANE:
                     side_streams.add(node.stream)
@@ -556,10 +558,40 @@ class _Recorder:
 
     def __init__(self, launch):
         self.launch_ = launch
+        self.pdl = launch.function not in launches.HAND_WRITTEN      # as on sm_90a
 
-    def launch(self, stream, grid, params):
+    def launch(self, stream, grid, params, programmatic=False):
         drv.check(drv.cu().cuLaunchKernel(self.launch_.kernel, *grid, 1, 1, 1, 0, stream.handle,
-                                          0, 0), "cuLaunchKernel")
+                                          0, 0, programmatic=programmatic), "cuLaunchKernel")
+
+
+@pytest.mark.parametrize("cc,pdl,expect", [((9, 0), True, True), ((9, 0), False, False),
+                                           ((8, 6), True, False)])
+def test_programmatic_edges_only_where_the_kernels_wait(fake, cc, pdl, expect):
+    """Issue 14: on sm_90a the graphs' plan-allowed edges are captured programmatically through
+    cuLaunchKernelEx (and nothing else is); with pdl=False, or on sm_80 (whose PTX has no
+    griddepcontrol: manifest pdl false), every launch is a plain cuLaunchKernel."""
+    from host.backend_cuda import CudaBackend
+    f = fake(cc)
+    with CudaBackend(TINY, pdl=pdl) as b:
+        b.instantiate(3)
+        for sub, nodes in zip(launches.submissions(TINY), list(f.graphs.values())[-3:]):
+            want = launch_graph.programmatic(sub.launches) if expect else (False,) * len(nodes)
+            assert tuple(n.programmatic for n in nodes) == want, sub.name
+        assert any(f.programmatic_log) == expect
+
+
+def test_a_kernel_that_does_not_wait_is_never_launched_programmatically(fake):
+    """drv.Kernel refuses a programmatic launch of a kernel whose PTX has no griddepcontrol.wait
+    (manifest pdl false): it would race the kernel before it."""
+    from host.backend_cuda import CudaBackend
+    fake((9, 0))
+    with CudaBackend(TINY) as b:
+        release = next(k for k in b.kernels.values() if k.name.startswith(launches.RELEASE))
+        assert not release.pdl
+        with pytest.raises(ValueError, match="does not wait"):
+            release.launch(b.dev.stream, (1, 1, 1), release.pack([0] * len(release.param_types)),
+                           programmatic=True)
 
 
 def test_an_unjoined_side_lane_is_refused_at_end_of_capture(fake):

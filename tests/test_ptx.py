@@ -120,3 +120,57 @@ def test_manifest_covers_launch_lists_and_pins_isa(profile, target):
 def test_committed_ptx_is_small():
     total = sum(p.stat().st_size for p in PTX_DIR.rglob("*") if p.is_file())
     assert total < 20e6, f"kernels_ptx is {total / 1e6:.1f} MB"
+
+
+# a memory access a kernel may not make before griddepcontrol.wait: global or generic loads and
+# stores, async copies, atomics and reductions, prefetches (parameter loads are the launch's own)
+_MEMORY_OP = re.compile(r"^\s*(@!?%\w+\s+)?(ld|st|cp\.async|atom|red|prefetch|cp\.reduce)"
+                        r"(?!\.param)(\.|\s)")
+_WAIT, _LAUNCH_NEXT = "griddepcontrol.wait", "griddepcontrol.launch_dependents"
+
+
+def _grid_dependency_problems(ptx: str) -> list[str]:
+    """Why a kernel may not be launched programmatically: a memory access before its first
+    griddepcontrol.wait, no wait, or a launch_dependents before the wait (the next grid could
+    then start before this one's predecessor is done, and grids pile up on the SMs)."""
+    lines = ptx.splitlines()
+    wait = next((i for i, ln in enumerate(lines) if _WAIT in ln), None)
+    if wait is None:
+        return ["no griddepcontrol.wait"]
+    early = [ln.strip() for ln in lines[:wait] if _MEMORY_OP.match(ln)]
+    problems = [f"memory access before the wait: {ln!r}" for ln in early[:3]]
+    nxt = next((i for i, ln in enumerate(lines) if _LAUNCH_NEXT in ln), None)
+    if nxt is not None and nxt < wait:
+        problems.append("launch_dependents before the wait")
+    return problems
+
+
+@pytest.mark.parametrize("profile,target", DIRS)
+def test_programmatic_kernels_wait_before_touching_memory(profile, target):
+    """Issue 14 (programmatic dependent launch): a kernel the manifest marks `pdl` — every Triton
+    kernel on sm_90a, none on sm_80, which has no griddepcontrol — reads and writes no memory
+    before griddepcontrol.wait, so overlapping its launch with its predecessor changes no bit;
+    the hand-written kernels are never marked (their edges stay full)."""
+    m = _manifest(profile, target)
+    for key, k in m["kernels"].items():
+        ptx = (PTX_DIR / profile / target / k["file"]).read_text()
+        hand = k["function"] in launches.HAND_WRITTEN
+        assert k["pdl"] is (target == "sm_90a" and not hand), (key, k["pdl"])
+        if k["pdl"]:
+            assert not _grid_dependency_problems(ptx), (key, _grid_dependency_problems(ptx))
+        else:
+            assert "griddepcontrol" not in ptx, key
+
+
+def test_the_grid_dependency_check_can_fail():
+    """The order check above refuses what it must: a load before the wait, a kernel with no wait,
+    an early launch_dependents."""
+    ok = "\tld.param.b64 \t%rd1, [k_param_0];\n\tgriddepcontrol.wait ;\n" \
+         "\tgriddepcontrol.launch_dependents ;\n\tld.global.b32 \t%r1, [%rd1];\n"
+    assert _grid_dependency_problems(ok) == []
+    assert _grid_dependency_problems("\t@%p1 ld.global.b32 { %r1 }, [ %rd1 + 0 ];\n"
+                                     "\tgriddepcontrol.wait ;\n")
+    assert _grid_dependency_problems("\tst.shared.b32 [%r2], %r1;\n\tgriddepcontrol.wait ;\n")
+    assert _grid_dependency_problems("\tld.global.b32 \t%r1, [%rd1];\n") == ["no griddepcontrol.wait"]
+    assert _grid_dependency_problems("\tgriddepcontrol.launch_dependents ;\n"
+                                     "\tgriddepcontrol.wait ;\n")

@@ -14,7 +14,8 @@ manifest.json: {"profile", "target", "triton", "ptx_isa", "fp_fusion", "kernels"
 .entry symbol), "module", "function", "params": [{"name", "type", "hidden"}], "threads",
 "shared" (dynamic shared memory bytes), "num_warps", "num_stages", "global_scratch": {"size",
 "align"}, "profile_scratch": {"size", "align"}, "constexprs", "divisible_by_16": [parameter
-names]}}}.  Triton appends two hidden pointer parameters
+names], "pdl" (the kernel waits for the grids before it first: it may be launched with
+programmatic stream serialization; true for every Triton kernel on sm_90a)}}}.  Triton appends two hidden pointer parameters
 (global and profile scratch) to every kernel: they are listed with "hidden": true and are passed
 as null when their size is 0.
 """
@@ -40,6 +41,8 @@ from plan import launches, profiles  # noqa: E402  (plain data: no Triton in thi
 TRITON_VERSION = "3.9.0"
 PTX_ISA = (8, 0)
 TARGETS = {"sm_90a": 90, "sm_80": 80}
+PDL_MIN_CC = 90         # griddepcontrol (programmatic dependent launch) needs sm_90 or later
+PDL_PARAM = "PDL"       # the constexpr every Triton kernel takes (plan/kernels/grid_dependency.py)
 HIDDEN_PARAMS = ("global_scratch", "profile_scratch")
 HAND_SOURCES = ROOT / "plan" / "kernels"          # <function>.ptx for launches.HAND_WRITTEN
 DEFAULT_OUT = ROOT / "kernels_ptx"
@@ -84,7 +87,13 @@ def compile_entry(job):
                          f"{TRITON_VERSION} (pip install triton=={TRITON_VERSION})")
     fn = getattr(importlib.import_module(launch.module), launch.function)
     names = list(fn.arg_names)
-    given = [n for n, _ in launch.args] + [n for n, _ in launch.constexprs]
+    if PDL_PARAM not in names:
+        raise ValueError(f"{launch.kernel}: {launch.function} takes no {PDL_PARAM} constexpr; hint: "
+                         "end its parameters with PDL: tl.constexpr = False and make "
+                         "await_previous_grid(PDL) its first statement")
+    pdl = TARGETS[target] >= PDL_MIN_CC
+    constexprs = dict(launch.constexprs, **{PDL_PARAM: pdl})
+    given = [n for n, _ in launch.args] + list(constexprs)
     if sorted(given) != sorted(names):
         raise ValueError(f"{launch.kernel}: launch names {given}, kernel takes {names}")
     args = dict(launch.args)
@@ -93,7 +102,7 @@ def compile_entry(job):
     signature = {n: (args[n].signature if n in args else "constexpr") for n in names}
     divisible = [launch.args[i][0] for i in launches.specialization(launch.args)]
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in divisible}
-    src = ASTSource(fn, signature, constexprs=dict(launch.constexprs), attrs=attrs)
+    src = ASTSource(fn, signature, constexprs=constexprs, attrs=attrs)
     options = {"num_warps": launch.num_warps, "num_stages": launch.num_stages,
                "ptx_version": PTX_ISA[0] * 10 + PTX_ISA[1], "enable_fp_fusion": False}
     compiled = triton.compile(src, target=GPUTarget("cuda", TARGETS[target], 32), options=options)
@@ -113,6 +122,7 @@ def compile_entry(job):
         "global_scratch": {"size": md.global_scratch_size, "align": md.global_scratch_align},
         "profile_scratch": {"size": md.profile_scratch_size, "align": md.profile_scratch_align},
         "constexprs": {k: v for k, v in launch.constexprs}, "divisible_by_16": divisible,
+        "pdl": pdl,
     }
     return launch.kernel, ptx, record
 
@@ -139,7 +149,7 @@ def hand_record(launch) -> dict:
             "threads": 1 if launch.function == launches.RELEASE else launch.num_warps * 32,
             "shared": 0, "num_warps": launch.num_warps, "num_stages": 1,
             "global_scratch": {"size": 0, "align": 1}, "profile_scratch": {"size": 0, "align": 1},
-            "constexprs": {}, "divisible_by_16": []}
+            "constexprs": {}, "divisible_by_16": [], "pdl": False}
 
 
 def write_ptx(path: Path, text: str) -> str:

@@ -64,6 +64,14 @@ DEP_OP_CYCLES = Range(4, 8, 12, "assumption: latency of one dependent fp32/fp64 
 LAUNCH = Range(1.5e-6, 2.5e-6, 3.5e-6,
                "issue 14 / HELPER_GUIDE: per launch inside a CUDA graph (gap, ramp, tail); "
                "PERFORMANCE.md issue 7 found no published per-node figure")
+LAUNCH_PDL = Range(
+    0.7e-6, 1.2e-6, 2.5e-6,
+    "assumption, for an edge captured programmatically (plan/launch_graph.programmatic): the next "
+    "grid is launched and its blocks dispatched while this one works (CUDA Programming Guide, "
+    "programmatic dependent launch), so the edge keeps this grid's completion and memory flush, "
+    "the wait's release and the next grid's first loads; pessimistic: only the launch processing "
+    "is hidden (blocks that cannot be resident beside this grid dispatch as its blocks retire). "
+    "Calibrated by tools/gpu_check_launches.py, which times the graph with and without them")
 PCIE_BW = Range(50e9, 35e9, 20e9,
                 "assumption: GPU reads of mapped host memory over PCIe Gen5 x16 (64 GB/s raw per "
                 "direction); less with 128-byte requests and an IOMMU (Firecracker VM)")

@@ -54,13 +54,14 @@ for _p in (ROOT, Path(__file__).resolve().parent):
         sys.path.insert(0, str(_p))
 
 from cost_inputs import (ALU_PER_CLK, BF16_FLOPS, BLOCKS_PER_SM, CLOCK_HZ, DEP_OP_CYCLES,  # noqa: E402
-                         HBM_BW, HBM_LATENCY, INPUTS, L2_BW, L2_LATENCY, LAUNCH, MUFU_PER_CLK,
+                         HBM_BW, HBM_LATENCY, INPUTS, L2_BW, L2_LATENCY, LAUNCH, LAUNCH_PDL, MUFU_PER_CLK,
                          PCIE_BW, PCIE_IN_FLIGHT, PCIE_LATENCY, PHASE, REG_ALLOC_UNIT, REGS_PER_SM,
                          SCENARIOS, SM_L2_BW, SMEM_ALLOC_UNIT, SMEM_PER_BLOCK, SMEM_PER_SM,
                          SMEM_RESERVED, SMS, STAGING_CACHED, SUBPARTITIONS, THREADS_PER_SM)
 from cost_kernels import REGISTRY, Programs, Step, View, Work, cdiv, lines  # noqa: E402
 from host.errors import UserError  # noqa: E402
 from plan import launches, profiles  # noqa: E402  (plain data: no Triton here)
+from plan.launch_graph import programmatic  # noqa: E402
 from plan.buffers import buffers  # noqa: E402
 
 PTX_DIR = ROOT / "kernels_ptx"
@@ -73,6 +74,7 @@ class KernelStats:
     shared: int                    # dynamic shared memory bytes (the manifest's "shared")
     threads: int
     spill: int = 0
+    pdl: bool = False              # waits for its predecessor first (manifest "pdl": sm_90a)
 
 
 def occupancy(stats: KernelStats) -> tuple[int, str]:
@@ -117,7 +119,7 @@ def ptxas_stats(profile_name: str, target: str) -> dict[str, KernelStats]:
             raise UserError(f"ptxas -v failed on {d / rec['file']}: {r.stderr.strip()[:200]}",
                             "rebuild the PTX with tools/build_ptx.py")
         out[entry] = KernelStats(int(regs[-1]), rec["shared"], rec["threads"],
-                                 sum(int(x) + int(y) for x, y in spill))
+                                 sum(int(x) + int(y) for x, y in spill), bool(rec.get("pdl")))
     return out
 
 
@@ -184,6 +186,7 @@ class LaunchCost:
     staging_requests: int
     staging_write_bytes: float
     serial_iterations: int
+    programmatic: bool = False     # its edge to its lane's previous launch is (cost_lanes.py)
     bounds_us: dict = field(default_factory=dict)      # term → {scenario: µs}
     binding: dict = field(default_factory=dict)        # scenario → term
     us: dict = field(default_factory=dict)             # scenario → µs (with the launch cost)
@@ -282,7 +285,12 @@ def model(profile, submission: str, stats: dict[str, KernelStats]) -> list[Launc
     if submission not in subs:
         raise UserError(f"unknown submission {submission!r}", f"one of {', '.join(subs)}")
     bufs = buffers(profile)
-    return [cost(launch, bufs, stats) for launch in subs[submission].launches]
+    sub = subs[submission]
+    costs = [cost(launch, bufs, stats) for launch in sub.launches]
+    # an edge is programmatic where the plan allows it and the kernel was built to wait first
+    for c, launch, allowed in zip(costs, sub.launches, programmatic(sub.launches)):
+        c.programmatic = allowed and stats[launch.kernel].pdl
+    return costs
 
 
 # ================================================================ output
@@ -321,15 +329,20 @@ def where_time_goes(costs, s: str = "central") -> dict[str, float]:
 def floors(costs, lanes_of) -> dict[str, dict[str, float]]:
     """Per scenario, µs: what no schedule of these launches beats — every FLOP at the chip's bf16
     rate, every L2 byte at L2_BW, every HBM byte at HBM_BW (perfect overlap, no tail), and the
-    launch costs of the longest lane (its launches run one after another).  The graph's time is at
+    launch costs of the longest lane (its launches run one after another; LAUNCH_PDL for an
+    edge that is programmatic, LAUNCH for the others).  The graph's time is at
     least the largest (the lane model shares L2 and HBM bandwidth and never lends SMs): a plan
     whose largest floor exceeds a goal cannot meet it by scheduling, only by moving fewer bytes."""
-    n = max(sum(1 for c in costs if lanes_of[c.label] == lane) for lane in set(lanes_of.values()))
+    def launch_costs(lane, s):
+        return sum(LAUNCH_PDL[s] if c.programmatic else LAUNCH[s] for c in costs
+                   if lanes_of[c.label] == lane)
     flops = sum(c.flops for c in costs)
     l2 = sum(c.l2_bytes for c in costs)
     hbm = sum(c.hbm_bytes for c in costs)
     return {s: {"tensor": flops / BF16_FLOPS[s] * 1e6, "l2": l2 / L2_BW[s] * 1e6,
-                "hbm": hbm / HBM_BW[s] * 1e6, "launches": n * LAUNCH[s] * 1e6} for s in SCENARIOS}
+                "hbm": hbm / HBM_BW[s] * 1e6,
+                "launches": max(launch_costs(lane, s) for lane in set(lanes_of.values())) * 1e6}
+            for s in SCENARIOS}
 
 
 def _lanes_of(profile, submission: str) -> dict[str, int]:
@@ -389,6 +402,13 @@ def table(costs, profile_name: str, target: str, submission: str, lane: dict,
             f"lane {c['side_lane_busy_us']:.0f} µs, both working {c['both_working_us']:.0f} µs; "
             f"the graph ends at {c['graph_us']:.0f} µs (the total row above is every launch "
             "alone, one after another)."]
+    out += ["", f"Programmatic edges (plan/launch_graph.programmatic, on kernels built to wait): "
+            f"{c['programmatic_edges']} of {len(costs)} launches follow their lane's previous "
+            f"launch programmatically and pay LAUNCH_PDL ({LAUNCH_PDL['central'] * 1e6:.1f} µs "
+            f"central) instead of LAUNCH ({LAUNCH['central'] * 1e6:.1f}) when that launch is the "
+            "last of their predecessors to finish; with every edge full the graph would end at "
+            + " / ".join(f"{lane[s]['full_edges_graph_us']:.0f}" for s in SCENARIOS)
+            + " µs (optimistic / central / pessimistic)."]
     f = floor["central"]
     top = max(f, key=f.get)
     out += ["", "Floors (central; no schedule of these launches beats them): "

@@ -530,10 +530,14 @@ def phase_per_launch(ctx: Context) -> str:
     s = json.loads((ctx.logs / "summary.json").read_text())
     ctx.figures.update(s)
     ctx.expect("every launch timed", s["launches"] > 0 and s["repeats"] == m.launch_repeats)
+    ctx.expect("the graph recaptured with every edge full was timed",
+               s["full_edges_graph_us_p50"] is not None)
     pred = (s.get("predicted_update_us") or {}).get("central")
+    full = (s.get("predicted_full_edges_update_us") or {}).get("central")
     return (f"{s['launches']} launches: sum {s['sum_of_launches_us']:.0f} µs, graph "
-            f"{s['graph_us_p50']:.0f} µs, model {pred and round(pred)} µs central, "
-            f"{s['starved_repeats']} starved")
+            f"{s['graph_us_p50']:.0f} µs ({s['programmatic_edges']} programmatic edges; all full "
+            f"{s['full_edges_graph_us_p50']:.0f} µs), model {pred and round(pred)} µs central "
+            f"(all full {full and round(full)}), {s['starved_repeats']} starved")
 
 
 def _bench(ctx: Context, label: str, variants: str) -> dict:

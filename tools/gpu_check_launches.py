@@ -6,6 +6,9 @@
 Opens the cuda backend as a run does, loads the payload (CKPT, or the fresh initialization), runs
 one forward and one update through the ring (the run's own protocol), then replays the update's
 launch list outside its graph with an event between launches (`CudaBackend.time_submission`).
+The graph is timed twice: as the run captures it (programmatic edges on sm_90a) and recaptured
+with every edge full (`CudaBackend(pdl=False)`), so the summary shows what the programmatic edges
+save beside the model's LAUNCH_PDL prediction of it.
 
 `--json` is the list `tools/build_ptx.py --report --measured FILE` reads: one {label, kernel, us}
 per launch (us: the median over the repeats), with the prediction beside it.  The predictions are
@@ -59,7 +62,8 @@ def predictions(profile, backend) -> tuple[dict, str | None]:
     try:
         import cost_model
         stats = {key: cost_model.KernelStats(regs=k.attributes.registers, shared=k.shared,
-                                             threads=k.threads, spill=sum(k.spills or (0, 0)))
+                                             threads=k.threads, spill=sum(k.spills or (0, 0)),
+                                             pdl=k.pdl)
                  for key, k in backend.kernels.items()}
         return {c.label: c for c in cost_model.model(profile, "update", stats)}, None
     except Exception as e:      # a kernel family the model does not know yet: measure anyway
@@ -78,6 +82,12 @@ def measure(profile, checkpoint: Path | None, repeats: int, directory: Path):
         ring.run(L.SUBMISSION_FORWARD, c0, None)        # w16 and every buffer a valid state
         ring.run(L.SUBMISSION_UPDATE, c0, 0)
         timing = backend.time_submission(L.SUBMISSION_UPDATE, repeats)
+        timing.programmatic_edges = backend.programmatic_edges[L.SUBMISSION_UPDATE]
+        # the same graph with every edge full: what the programmatic edges save, measured
+        backend.pdl = False
+        backend.instantiate(t_base=c0 - 1)
+        full = backend.time_submission(L.SUBMISSION_UPDATE, repeats)
+        timing.full_edges_graph_us = full.graph_us
         costs, why = predictions(profile, backend)
         info = backend.device()
     return timing, costs, why, info, c0
@@ -115,6 +125,11 @@ def tables(timing, costs: dict, lane: dict | None = None):
                "enqueue_us_p50": _r(statistics.median(timing.enqueue_us)),
                "lead_us_p50": _r(statistics.median(timing.lead_us)),
                "starved_repeats": timing.starved, "predicted_update_us": graph_model,
+               "programmatic_edges": timing.programmatic_edges,
+               "full_edges_graph_us_p50": (_r(statistics.median(timing.full_edges_graph_us))
+                                           if timing.full_edges_graph_us else None),
+               "predicted_full_edges_update_us": ({s: _r(lane[s]["full_edges_graph_us"])
+                                                   for s in scenarios} if costs and lane else None),
                "predicted_serial_sum_us": serial,
                "top": [{k: r.get(k) for k in ("label", "kernel", "us", "predicted_us", "binding",
                                                 "ratio_central")} for r in top]}
@@ -155,7 +170,8 @@ def main(argv=None) -> int:
     print(f"{profile.name} update, {len(rows)} launches on {info.name} ({info.target}), "
           f"{summary['repeats']} repeats: sum of launches {summary['sum_of_launches_us']:.1f} µs, "
           f"graph replay {summary['graph_us_p50']:.1f} µs (p50), {summary['starved_repeats']} "
-          "starved repeats")
+          f"starved repeats; with every edge full {summary['full_edges_graph_us_p50']} µs "
+          f"({summary['programmatic_edges']} programmatic edges in the first)")
     if summary["predicted_update_us"]:
         print(f"cost model (driver registers), central: graph {summary['predicted_update_us']['central']:.1f} µs, "
               f"launches one by one {summary['predicted_serial_sum_us']['central']:.1f} µs")

@@ -13,6 +13,7 @@ matmul reads it: not for the gains and not for the embedding table E (embed_fwd 
 """
 import triton
 import triton.language as tl
+from plan.kernels.grid_dependency import await_previous_grid
 
 
 @triton.jit
@@ -102,8 +103,9 @@ def adamw(pmv_ptr, grad_ptr, w16_ptr, doorbell_ptr, t_base, N,
 
 
 @triton.jit
-def cast_bf16(src_ptr, dst_ptr, N, BLOCK: tl.constexpr):
+def cast_bf16(src_ptr, dst_ptr, N, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """dst = bf(src), N elements (refreshes w16 from the P plane)."""
+    await_previous_grid(PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N
     tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=mask, other=0.0).to(tl.bfloat16), mask=mask)

@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from plan.kernels.rotary import load_rope, rotate_tile
+from plan.kernels.grid_dependency import await_previous_grid
 
 
 # ---------------------------------------------------------------- forward
@@ -48,11 +49,12 @@ def _fwd_chunk_of(idx, T, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FWD_CHUN
 @triton.jit
 def attention_fwd(qkv_ptr, o_part_ptr, ml_part_ptr, T, SCALE: tl.constexpr, HEADS: tl.constexpr,
                   KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                  BLOCK_N: tl.constexpr, FWD_CHUNK: tl.constexpr):
+                  BLOCK_N: tl.constexpr, FWD_CHUNK: tl.constexpr, PDL: tl.constexpr = False):
     """One chunk c of one (query block, head): kv blocks [c·FWD_CHUNK, …) of the causal range as
     o_part[c] (T, H·d) = Σ bf(exp(s − m_c)) bf(v) and ml_part[c] (2, H, T) = (m_c, l_c), fp32.
     FWD_CHUNK·BLOCK_N is a multiple of BLOCK_M (the builder checks), so a chunk starts at or
     before its query block's first row: every row sees a key in the chunk's first block."""
+    await_previous_grid(PDL)
     W: tl.constexpr = (HEADS + 2 * KV_HEADS) * HEAD_DIM
     HD: tl.constexpr = HEADS * HEAD_DIM
     pid = tl.program_id(0)
@@ -91,9 +93,10 @@ def attention_fwd(qkv_ptr, o_part_ptr, ml_part_ptr, T, SCALE: tl.constexpr, HEAD
 @triton.jit
 def attention_fwd_merge(o_part_ptr, ml_part_ptr, o16_ptr, o32_ptr, lse_ptr, T, HEADS: tl.constexpr,
                         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        FWD_CHUNK: tl.constexpr):
+                        FWD_CHUNK: tl.constexpr, PDL: tl.constexpr = False):
     """o16, o32 (T, H·d) and lse (H, T) of one (query block, head) from its chunks' partials,
     summed in chunk order with the weights e^(m_c − M) of the merged max M."""
+    await_previous_grid(PDL)
     HD: tl.constexpr = HEADS * HEAD_DIM
     pid = tl.program_id(0)
     head = pid % HEADS
@@ -138,10 +141,12 @@ def _dkdv_chunk_of(idx, T, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: 
 @triton.jit
 def attention_bwd(qkv_ptr, do_ptr, lse_ptr, delta_ptr, kv_part_ptr, ds_ptr, T, SCALE: tl.constexpr,
                   HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BWD_CHUNK: tl.constexpr):
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BWD_CHUNK: tl.constexpr,
+                  PDL: tl.constexpr = False):
     """One chunk c of one (kv block, kv head): its ≤ BWD_CHUNK (query head, query block) trips as
     fp32 partial dk′ | dv in kv_part[c] (T, 2·G·d), and bf(ds)ᵀ of each trip's tile in ds16
     (H, T, T) at [head, kv rows, query rows] (0 above the diagonal)."""
+    await_previous_grid(PDL)
     W: tl.constexpr = (HEADS + 2 * KV_HEADS) * HEAD_DIM
     GROUP: tl.constexpr = HEADS // KV_HEADS
     PW: tl.constexpr = 2 * KV_HEADS * HEAD_DIM
@@ -230,10 +235,11 @@ def _dkdv_merge(kv_part_ptr, rope_ptr, dqkv_ptr, T, pid_n, kv, HEADS: tl.constex
 @triton.jit
 def attention_bwd_dq(qkv_ptr, ds_ptr, kv_part_ptr, rope_ptr, dqkv_ptr, T, HEADS: tl.constexpr,
                      KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BWD_CHUNK: tl.constexpr):
+                     BLOCK_N: tl.constexpr, BWD_CHUNK: tl.constexpr, PDL: tl.constexpr = False):
     """The rest of the attention backward, grid ((T/BLOCK_M)·H + (T/BLOCK_N)·G,): first dQ programs
     (query block, head), the last query block first, then the dK/dV merges (kv block, kv head).
     They write disjoint columns of dqkv, so running them side by side changes no bit."""
+    await_previous_grid(PDL)
     pid = tl.program_id(0)
     dq_programs = T // BLOCK_M * HEADS
     if pid < dq_programs:

@@ -9,13 +9,16 @@ BLOCK_V ≥ V: a whole row sits in registers, so nothing is read twice.
 """
 import triton
 import triton.language as tl
+from plan.kernels.grid_dependency import await_previous_grid
 
 
 @triton.jit
 def cross_entropy(logits_ptr, targets_ptr, loss_ptr, w0_ptr, dlogits_ptr, T, V: tl.constexpr,
-                  ROWS: tl.constexpr, BLOCK_V: tl.constexpr, INV_T: tl.constexpr):
+                  ROWS: tl.constexpr, BLOCK_V: tl.constexpr, INV_T: tl.constexpr,
+                  PDL: tl.constexpr = False):
     """logits (T, V) fp32, targets (T,) u32 → loss, w0 (T,) fp32 and dlogits (T, V) bf16; INV_T:
     1/T when T is a power of two (exact), else 0.0 (divide by T)."""
+    await_previous_grid(PDL)
     offs_r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     offs_v = tl.arange(0, BLOCK_V)
     mask_r = offs_r < T
@@ -43,9 +46,10 @@ def cross_entropy(logits_ptr, targets_ptr, loss_ptr, w0_ptr, dlogits_ptr, T, V: 
 
 @triton.jit
 def predictions(logits_ptr, pred_ptr, V: tl.constexpr, ROW0: tl.constexpr, ROW1: tl.constexpr,
-                ROW2: tl.constexpr, BLOCK_V: tl.constexpr):
+                ROW2: tl.constexpr, BLOCK_V: tl.constexpr, PDL: tl.constexpr = False):
     """pred[i] = {u32 argmax token (first index of the largest finite logit), u32 valid}; program i
     reads row ROW0/ROW1/ROW2; valid = 1 when every logit of the row is finite."""
+    await_previous_grid(PDL)
     i = tl.program_id(0)
     row = tl.where(i == 0, ROW0, tl.where(i == 1, ROW1, ROW2))
     offs_v = tl.arange(0, BLOCK_V)

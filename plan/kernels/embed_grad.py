@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from plan.kernels.adamw import adamw_update, bias_corrections
+from plan.kernels.grid_dependency import await_previous_grid
 
 
 @triton.jit
@@ -83,10 +84,11 @@ def embed_decay(ids_ptr, e_ptr, w1_ptr, doorbell_ptr, t_base, T, V, NPARAM, D: t
                 BLOCK_D: tl.constexpr, LR: tl.constexpr, BETA1_F64: tl.constexpr,
                 BETA2_F64: tl.constexpr, DECAY: tl.constexpr, BETA1: tl.constexpr,
                 ONE_MINUS_BETA1: tl.constexpr, BETA2: tl.constexpr,
-                ONE_MINUS_BETA2: tl.constexpr, EPS: tl.constexpr):
+                ONE_MINUS_BETA2: tl.constexpr, EPS: tl.constexpr, PDL: tl.constexpr = False):
     """E's absent rows (no row of ids (T,) u32 holds them): AdamW with g = 0 at t = t_base +
     doorbell, and zeros to their words of the w1 window.  Program pid runs the vocabulary blocks
     pid, pid + programs, … of BLOCK_V rows (the grid is the side lane's SM budget)."""
+    await_previous_grid(PDL)
     step_size, bc2_sqrt = bias_corrections(doorbell_ptr, t_base, LR, BETA1_F64, BETA2_F64)
     offs_t = tl.arange(0, BLOCK_T)
     offs_d = tl.arange(0, BLOCK_D)
@@ -111,12 +113,14 @@ def embed_grad(ids_ptr, next_ptr, de_ptr, e_ptr, gain0_ptr, gain1_ptr, dgain_ptr
                BLOCK_V: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
                LR: tl.constexpr, BETA1_F64: tl.constexpr, BETA2_F64: tl.constexpr,
                DECAY: tl.constexpr, BETA1: tl.constexpr, ONE_MINUS_BETA1: tl.constexpr,
-               BETA2: tl.constexpr, ONE_MINUS_BETA2: tl.constexpr, EPS: tl.constexpr):
+               BETA2: tl.constexpr, ONE_MINUS_BETA2: tl.constexpr, EPS: tl.constexpr,
+               PDL: tl.constexpr = False):
     """dE (V, D) from de (T, D), ids (T,) u32 and the next-row links, applied at once: E's present
     rows of P/M/V (e_ptr: E in the P plane; M, V planes NPARAM and 2·NPARAM further; the absent
     ones are embed_decay's) updated by AdamW (decayed) at t = t_base + doorbell; their words of
     dE's first W1_WORDS to w1.  Program cdiv(V, BLOCK_V) updates the two gains (gain0/gain1:
     g_embed, g_final in the P plane) from dgain (2, D)."""
+    await_previous_grid(PDL)
     pid = tl.program_id(0)
     step_size, bc2_sqrt = bias_corrections(doorbell_ptr, t_base, LR, BETA1_F64, BETA2_F64)
     if pid == tl.cdiv(V, BLOCK_V):

@@ -25,6 +25,7 @@ import triton.language as tl
 from plan.kernels import meta
 from plan.kernels.norms import ssq_rstd
 from plan.kernels.rotary import load_rope, rotate_tile
+from plan.kernels.grid_dependency import await_previous_grid
 
 EPI_F32 = tl.constexpr(meta.EPI_F32)
 EPI_BF16 = tl.constexpr(meta.EPI_BF16)
@@ -122,13 +123,14 @@ def _swiglu_bwd_half(dz, c_ptr, aux_ptr, offs_m, offs_n, M, N):
 def matmul(a_ptr, b_ptr, c_ptr, aux_ptr, M, N, K,
            A_T: tl.constexpr, B_T: tl.constexpr, EPILOGUE: tl.constexpr, SPLIT_K: tl.constexpr,
            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-           GROUP_M: tl.constexpr):
+           GROUP_M: tl.constexpr, PDL: tl.constexpr = False):
     """c (M, N) = epilogue(bf(A) @ bf(B)); aux: the residual (M, N) or [a | b] (M, 2N) for SwiGLU.
 
     SPLIT_K > 1 (EPI_F32 only): grid = tiles × SPLIT_K; program `split · tiles + tile` sums the
     split-th of the K chunks (cdiv(chunks, SPLIT_K) each, the last ones may be short or empty)
     and stores its partial to c + split·M·N: c is (SPLIT_K, M, N), and the consumer adds the
     partials in split order (a fixed order: no atomics)."""
+    await_previous_grid(PDL)
     pid = tl.program_id(0)
     if SPLIT_K == 1:
         pid_m, pid_n = _tile_ids(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
@@ -167,10 +169,11 @@ def matmul(a_ptr, b_ptr, c_ptr, aux_ptr, M, N, K,
 @triton.jit
 def matmul_residual(a_ptr, b_ptr, x_ptr, out_ptr, ssq_ptr, M, N, K,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    GROUP_M: tl.constexpr):
+                    GROUP_M: tl.constexpr, PDL: tl.constexpr = False):
     """out (M, N) = x + bf(A) @ bf(B)ᵀ (A (M, K), B (N, K): out_proj, mlp down), the residual
     stream; and ssq (cdiv(N, BLOCK_N), M): each column tile's per-row Σ out², which the next norm
     prologue adds up instead of re-reading the rows (NUMERICS out_proj / mlp)."""
+    await_previous_grid(PDL)
     pid_m, pid_n = _tile_ids(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -186,9 +189,10 @@ def matmul_residual(a_ptr, b_ptr, x_ptr, out_ptr, ssq_ptr, M, N, K,
 @triton.jit
 def matmul_swiglu(h16_ptr, wg_ptr, wu_ptr, ab_ptr, z_ptr, M, N, K,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                  GROUP_M: tl.constexpr):
+                  GROUP_M: tl.constexpr, PDL: tl.constexpr = False):
     """h16 (M, K) = bf(rmsnorm(x)) (rmsnorm_rows wrote it); a = h16 @ bf(Wgate)ᵀ,
     b = h16 @ bf(Wup)ᵀ (M, N); ab = [a | b] (M, 2N) fp32; z = bf(silu(a)·b)."""
+    await_previous_grid(PDL)
     pid_m, pid_n = _tile_ids(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -211,11 +215,12 @@ def matmul_swiglu(h16_ptr, wg_ptr, wu_ptr, ab_ptr, z_ptr, M, N, K,
 def matmul_rotary(x_ptr, ssq_ptr, w_ptr, qkv_ptr, rope_ptr, h16_ptr, rstd_ptr, M, N, K,
                   SSQ_PARTS: tl.constexpr, ROTATED: tl.constexpr, HEAD_DIM: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                  GROUP_M: tl.constexpr):
+                  GROUP_M: tl.constexpr, PDL: tl.constexpr = False):
     """qkv (M, N) bf16 = bf(rotary(bf(h) @ bf(W)ᵀ)), h = rmsnorm(x) in the prologue (x (M, K) fp32;
     the first column tile stores h16 and rstd for the backward): W = Wq|Wk|Wv (N = (H+2G)·d rows),
     the first ROTATED heads (q and k) rotated (NUMERICS qkv + rotary), v cast; rope (M, d) =
     [cos | sin] per row (embed_fwd writes it).  BLOCK_N holds whole heads."""
+    await_previous_grid(PDL)
     HEADS_IN_TILE: tl.constexpr = BLOCK_N // HEAD_DIM
     pid_m, pid_n = _tile_ids(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -237,9 +242,10 @@ def matmul_rotary(x_ptr, ssq_ptr, w_ptr, qkv_ptr, rope_ptr, h16_ptr, rstd_ptr, M
 @triton.jit
 def matmul_delta(a_ptr, b_ptr, do_ptr, o_ptr, delta_ptr, M, N, K, HEAD_DIM: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 GROUP_M: tl.constexpr):
+                 GROUP_M: tl.constexpr, PDL: tl.constexpr = False):
     """dO (M, N) fp32 = bf(A) @ bf(B) (A (M, K), B (K, N): dres @ Wo) and delta (N/d, M) =
     Σ_d dO·o per head (o (M, N) fp32, NUMERICS attention_backward).  BLOCK_N holds whole heads."""
+    await_previous_grid(PDL)
     HEADS_IN_TILE: tl.constexpr = BLOCK_N // HEAD_DIM
     pid_m, pid_n = _tile_ids(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)

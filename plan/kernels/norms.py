@@ -15,6 +15,7 @@ import triton.language as tl
 from plan.kernels import meta
 from plan.kernels.embed_grad import store_next_rows
 from plan.kernels.rotary import store_rope
+from plan.kernels.grid_dependency import await_previous_grid
 
 RMS_EPS = tl.constexpr(meta.RMS_EPS)
 
@@ -39,10 +40,11 @@ def ssq_rstd(ssq_ptr, offs_m, M, K, SSQ_PARTS: tl.constexpr):
 
 @triton.jit
 def rmsnorm_rows(x_ptr, ssq_ptr, h16_ptr, rstd_ptr, T, D: tl.constexpr, SSQ_PARTS: tl.constexpr,
-                 BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+                 BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
     """h16 = bf(x·r) (T, D) and rstd = r (T,) of BLOCK_R whole rows of the fp32 residual x, r from
     its producer's SSQ_PARTS partial sums of squares: what matmul_swiglu's prologue would form
     per column tile, formed once (NUMERICS rmsnorm)."""
+    await_previous_grid(PDL)
     offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_d = tl.arange(0, BLOCK_D)
     mask_r = offs_r < T
@@ -57,12 +59,14 @@ def rmsnorm_rows(x_ptr, ssq_ptr, h16_ptr, rstd_ptr, T, D: tl.constexpr, SSQ_PART
 @triton.jit
 def embed_fwd(ids_ptr, table_ptr, g_ptr, emb_ptr, rstd_ptr, x_ptr, ssq_ptr, rope_ptr, next_ptr, T,
               D: tl.constexpr, HEAD_DIM: tl.constexpr, SSQ_PARTS: tl.constexpr,
-              BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr):
+              BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr,
+              PDL: tl.constexpr = False):
     """e = E[ids] (T, D) → emb = e, rstd = r(e), x = e·r·g (NUMERICS embed), and x's per-row sums
     of squares in SSQ_PARTS column chunks of BLOCK_D / SSQ_PARTS (ssq (SSQ_PARTS, T): what the
     first norm prologue adds up, as it does the matmul_residual tiles'); the rotary table
     rope (T, d) = [cos | sin] of the same rows, which the qkv and attention-backward epilogues read;
     and the next-row links (T,) int32 the embedding backward walks (BLOCK_T ≥ T)."""
+    await_previous_grid(PDL)
     offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_d = tl.arange(0, BLOCK_D)
     mask_r = offs_r < T
@@ -85,9 +89,10 @@ def embed_fwd(ids_ptr, table_ptr, g_ptr, emb_ptr, rstd_ptr, x_ptr, ssq_ptr, rope
 
 @triton.jit
 def final_norm(x_ptr, g_ptr, h16_ptr, rstd_ptr, T, D: tl.constexpr, BLOCK_R: tl.constexpr,
-               BLOCK_D: tl.constexpr):
+               BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
     """hf = rmsnorm(x)·g (NUMERICS final_norm) of BLOCK_R whole rows: h16 = bf(x·r·g) (T, D), the
     head's bf16 operand written once, and rstd = r (T,) for the backward."""
+    await_previous_grid(PDL)
     offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_d = tl.arange(0, BLOCK_D)
     mask_r = offs_r < T
@@ -155,9 +160,11 @@ def gain_cols(pid, dy_ptr, x_ptr, rstd_ptr, dg_ptr, T, D: tl.constexpr,
 @triton.jit
 def rmsnorm_bwd(dy_ptr, x_ptr, rstd_ptr, g_ptr, dx_ptr, dx16_ptr, T, D: tl.constexpr,
                 HAS_GAIN: tl.constexpr, ACCUMULATE: tl.constexpr, WRITE_BF16: tl.constexpr,
-                BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, DY_PARTS: tl.constexpr):
+                BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, DY_PARTS: tl.constexpr,
+                PDL: tl.constexpr = False):
     """dx [+]= r·(dy' − y·mean(dy'·y)), dy' = dy [·g], y = x·r; optionally dx16 = bf(dx).
     dy is (DY_PARTS, T, D): split-K partials, summed in order."""
+    await_previous_grid(PDL)
     rmsnorm_bwd_rows(tl.program_id(0), dy_ptr, x_ptr, rstd_ptr, g_ptr, dx_ptr, dx16_ptr, T, D,
                      HAS_GAIN, ACCUMULATE, WRITE_BF16, BLOCK_R, BLOCK_D, DY_PARTS)
 
@@ -165,11 +172,13 @@ def rmsnorm_bwd(dy_ptr, x_ptr, rstd_ptr, g_ptr, dx_ptr, dx16_ptr, T, D: tl.const
 @triton.jit
 def rmsnorm_bwd_gain(dy_ptr, x_ptr, rstd_ptr, g_ptr, dx_ptr, dx16_ptr, dg_ptr, T, D: tl.constexpr,
                      WRITE_BF16: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
-                     GAIN_ROWS: tl.constexpr, GAIN_COLS: tl.constexpr, DY_PARTS: tl.constexpr):
+                     GAIN_ROWS: tl.constexpr, GAIN_COLS: tl.constexpr, DY_PARTS: tl.constexpr,
+                     PDL: tl.constexpr = False):
     """The gained norms' backward in one launch: the first cdiv(T, BLOCK_R) programs are
     rmsnorm_bwd (HAS_GAIN, no accumulation), the next cdiv(D, GAIN_COLS) the gain gradient
     dg (D,) = Σ_rows dy·y, y = x·r, rows in a fixed order (no atomics).  Both only read dy, x, r;
     neither writes what the other reads."""
+    await_previous_grid(PDL)
     pid = tl.program_id(0)
     row_programs = tl.cdiv(T, BLOCK_R)
     if pid < row_programs:

@@ -19,6 +19,7 @@ import triton.language as tl
 
 from plan.kernels.adamw import adamw_tile, bias_corrections
 from plan.kernels.matmul import _accumulate, _tile_ids
+from plan.kernels.grid_dependency import await_previous_grid
 
 
 @triton.jit
@@ -63,10 +64,11 @@ def weight_grad(a0_ptr, b0_ptr, p0_ptr, h0_ptr, a1_ptr, b1_ptr, p1_ptr, h1_ptr, 
                 DECAY: tl.constexpr, BETA1: tl.constexpr, ONE_MINUS_BETA1: tl.constexpr,
                 BETA2: tl.constexpr, ONE_MINUS_BETA2: tl.constexpr, EPS: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                GROUP_M: tl.constexpr):
+                GROUP_M: tl.constexpr, PDL: tl.constexpr = False):
     """Products j < PRODUCTS: W_j (M_j, N_j) += AdamW(a_jᵀ @ b_j) at update count t_base +
     doorbell (p_j, h_j: W_j in the P plane and in w16; a_j (T, M_j), b_j (T, N_j) bf16).  (With
     PRODUCTS = 1 the a1 … h1 pointers are unread.)"""
+    await_previous_grid(PDL)
     tiles0 = tl.cdiv(M0, BLOCK_M) * tl.cdiv(N0, BLOCK_N)
     if PRODUCTS == 2:
         tiles = tiles0 + tl.cdiv(M1, BLOCK_M) * tl.cdiv(N1, BLOCK_N)
