@@ -123,3 +123,44 @@ def test_tiny_run_on_cuda_twice_is_bit_identical_and_verifies(tmp_path):
                         "--steps", "4", "--directory", tmp_path / "a" / "run"],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-3000:]
+
+
+def _train_on_cuda(profile, steps: int, pdl: bool, directory) -> tuple[np.ndarray, list]:
+    """`steps` updates from the fresh initialization through the ring, as a run issues them;
+    returns the payload bytes and each step's loss record."""
+    from host.backend_cuda import CudaBackend
+    from host.ring import Ring
+    from plan import reference
+    from staging import synthetic
+    from staging.tokens import TokenCache
+    cache = TokenCache.open(synthetic.ensure_default_stream(profile, directory), profile)
+    with CudaBackend(profile, pdl=pdl) as b:
+        b.upload_payload(reference.init_parameters(profile).view(np.uint8))
+        b.instantiate(t_base=-1)
+        if pdl:
+            assert b.programmatic_edges[L.SUBMISSION_UPDATE] > 0, "no programmatic edge captured"
+        else:
+            assert not any(b.programmatic_edges.values())
+        ring = Ring(b, capacity=steps + 1)          # one timestamp entry per issue
+        cache.write_input_record(b.staging, 0)
+        ring.run(L.SUBMISSION_FORWARD, 0, None)
+        losses = []
+        for s in range(steps):
+            cache.write_input_record(b.staging, s)
+            ring.run(L.SUBMISSION_UPDATE, s, s)
+            losses.append(b.staging.loss_record.copy())
+        return download_payload(b), losses
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_programmatic_edges_change_no_bit(tmp_path):
+    """Issue 14 (programmatic dependent launch): three tiny updates with the plan's programmatic
+    edges and three with every edge full leave the same payload and losses bit for bit — a kernel
+    that touched memory before its griddepcontrol.wait would race its predecessor here."""
+    p = profiles.get("tiny")
+    fast, fast_losses = _train_on_cuda(p, 3, True, tmp_path)
+    full, full_losses = _train_on_cuda(p, 3, False, tmp_path)
+    assert np.array_equal(fast, full), f"{np.count_nonzero(fast != full)} payload bytes differ"
+    for s, (a, b) in enumerate(zip(fast_losses, full_losses)):
+        assert np.array_equal(a, b), f"step {s}: loss records differ"
