@@ -63,6 +63,10 @@ class SubmissionTiming:
         return sum(e > lead + g for e, lead, g in zip(self.enqueue_us, self.lead_us, self.graph_us))
 
 
+class ProgrammaticLaunchRefused(RuntimeWarning):
+    """The driver refused the graphs with programmatic edges; they were captured in full."""
+
+
 class KernelRefused(BackendUnavailable):
     """The device cannot launch a kernel as its manifest asks."""
 
@@ -113,6 +117,7 @@ class CudaBackend(Backend):
         both)."""
         super().__init__(profile)
         self.pdl = pdl
+        self.pdl_refused: str | None = None             # the driver's refusal, if it refused
         self.programmatic_edges: dict[int, int] = {}    # submission → edges captured so, last capture
         self._closers = []
         self._graphs: list[drv.Graph] = []
@@ -207,6 +212,23 @@ class CudaBackend(Backend):
         return kernel, kernel.pack(values)
 
     def instantiate(self, t_base: int) -> None:
+        """Capture and instantiate every submission's graph.  If the driver refuses the capture
+        with programmatic edges, capture again with every edge full: the same launches and bits,
+        only the launch overlap is lost; a ProgrammaticLaunchRefused warning names the refusal
+        and `pdl_refused` keeps it (doctor and the device check report it).  A refusal of the
+        full-edge capture too is the error."""
+        try:
+            self._instantiate(t_base)
+        except drv.DriverError as e:
+            if not self.pdl:
+                raise
+            self.pdl, self.pdl_refused = False, str(e)
+            self._instantiate(t_base)
+            warnings.warn(f"cuda backend: the driver refused the graphs with programmatic edges "
+                          f"({e}); captured with every edge full", ProgrammaticLaunchRefused,
+                          stacklevel=2)
+
+    def _instantiate(self, t_base: int) -> None:
         for g in self._graphs:
             g.close()
         self._graphs = []

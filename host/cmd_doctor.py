@@ -154,7 +154,27 @@ def _backend_checks(backend, report: Report, open_s: float) -> list[dict]:
     line("device limits", f"shared memory per block ≤ {dev.shared_optin:,} B (opt-in); "
          f"largest need {max(k.shared_per_block for k in backend.kernels.values()):,} B")
     _smoke_launch(backend, report)
+    _graph_check(backend, report)
     return modules
+
+
+def _graph_check(backend, report: Report) -> None:
+    """Capture the submissions' graphs as a run does: how many edges are programmatic, or the
+    driver's refusal of them (the run then captures every edge in full: same bits, slower)."""
+    import warnings
+
+    from .backend_cuda import ProgrammaticLaunchRefused
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ProgrammaticLaunchRefused)
+        backend.instantiate(t_base=-1)
+    edges = sum(backend.programmatic_edges.values())
+    if backend.pdl_refused:
+        report.line("graphs", f"captured with every edge full: the driver refused programmatic "
+                    f"edges ({backend.pdl_refused})", False)
+    else:
+        report.line("graphs", f"{len(backend.programmatic_edges)} captured, {edges} launches "
+                    "programmatic after their lane's previous one"
+                    + ("" if edges else " (none: this target's PTX does not wait for them)"))
 
 
 def run(args) -> int:

@@ -112,16 +112,19 @@ class FakeDriver:
 
     def __init__(self, cc=(9, 0), fail_graph_launch: CUresult | None = None,
                  shared_optin: int | None = None, jit_errors: dict | None = None,
-                 functions: dict | None = None, hang: bool = False):
+                 functions: dict | None = None, hang: bool = False,
+                 refuse_programmatic: CUresult | None = None):
         """`jit_errors`: entry name -> error log of a module the JIT refuses; `functions`: entry
         name -> attribute overrides ({"regs", "local", "static_shared", "max_threads",
-        "spill"}); `hang`: graph launches never finish (the stream stays busy)."""
+        "spill"}); `hang`: graph launches never finish (the stream stays busy);
+        `refuse_programmatic`: cuLaunchKernelEx with programmatic serialization returns it."""
         self.cc = cc
         self.fail_graph_launch = fail_graph_launch
         self.shared_optin = SHARED_OPTIN.get(cc, 101376) if shared_optin is None else shared_optin
         self.jit_errors = jit_errors or {}
         self.functions = functions or {}
         self.hang = hang
+        self.refuse_programmatic = refuse_programmatic
         self.busy = False              # a hung graph launch is "running"
         self.shared_opt_ins = {}       # function -> dynamic shared bytes allowed
         self.allocations = {}          # device ptr -> ctypes buffer
@@ -322,6 +325,8 @@ class FakeDriver:
         programmatic = any(a.value.programmaticStreamSerializationAllowed for a in attrs)
         if programmatic and self.cc < (9, 0):
             return (CUresult.CUDA_ERROR_INVALID_VALUE,)
+        if programmatic and self.refuse_programmatic is not None:
+            return (self.refuse_programmatic,)
         return self.cuLaunchKernel(f, config.gridDimX, config.gridDimY, config.gridDimZ,
                                    config.blockDimX, config.blockDimY, config.blockDimZ,
                                    config.sharedMemBytes, config.hStream, params, extra,

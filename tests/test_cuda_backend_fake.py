@@ -281,6 +281,22 @@ def test_doctor_opens_the_cuda_backend_and_smoke_launches(fake, capsys):
         assert want in names
     smoke = next(c for c in report["checks"] if c["name"] == "smoke launch")
     assert "0x5eed" in smoke["value"] and smoke["ok"]
+    graphs = next(c for c in report["checks"] if c["name"] == "graphs")
+    edges = sum(launch_graph.programmatic(s.launches).count(True) for s in launches.submissions(TINY))
+    assert graphs["ok"] and f"3 captured, {edges} launches programmatic" in graphs["value"]
+
+
+def test_doctor_reports_a_refusal_of_programmatic_edges(fake, capsys):
+    import argparse
+    import json
+
+    from host import cmd_doctor
+    fake(refuse_programmatic=CUresult.CUDA_ERROR_INVALID_VALUE)
+    rc = cmd_doctor.run(argparse.Namespace(profile="tiny", json=True))
+    report = json.loads(capsys.readouterr().out)
+    graphs = next(c for c in report["checks"] if c["name"] == "graphs")
+    assert rc != 0 and not graphs["ok"]
+    assert "every edge full" in graphs["value"] and "cuLaunchKernelEx" in graphs["value"]
 
 
 # ---- first contact (issue 12 item 5): JIT logs, device limits, bindings, safe teardown ----
@@ -579,6 +595,38 @@ def test_programmatic_edges_only_where_the_kernels_wait(fake, cc, pdl, expect):
             want = launch_graph.programmatic(sub.launches) if expect else (False,) * len(nodes)
             assert tuple(n.programmatic for n in nodes) == want, sub.name
         assert any(f.programmatic_log) == expect
+
+
+def test_a_refused_programmatic_capture_is_captured_again_in_full(fake):
+    """A driver that refuses programmatic launches in a capture: the backend captures the same
+    graphs with every edge full (same nodes, same edges), warns naming the refusal and keeps it
+    in `pdl_refused`; the run still goes through the ring."""
+    from host.backend_cuda import CudaBackend, ProgrammaticLaunchRefused
+    from host.ring import Ring
+    f = fake((9, 0), refuse_programmatic=CUresult.CUDA_ERROR_INVALID_VALUE)
+    with CudaBackend(TINY) as b:
+        with pytest.warns(ProgrammaticLaunchRefused, match="CUDA_ERROR_INVALID_VALUE from "
+                                                           "cuLaunchKernelEx"):
+            b.instantiate(3)
+        assert not b.pdl and "cuLaunchKernelEx" in b.pdl_refused
+        assert not any(b.programmatic_edges.values())
+        subs = launches.submissions(TINY)
+        for sub, nodes in zip(subs, list(f.graphs.values())[-3:]):
+            assert [n.deps for n in nodes] == [frozenset(d) for d in sub.deps], sub.name
+            assert not any(n.programmatic for n in nodes)
+        Ring(b, capacity=1).run(L.SUBMISSION_FORWARD, context=0, step=None)
+
+
+def test_a_full_edge_capture_failure_is_raised(fake, monkeypatch):
+    """The fallback is for the programmatic edges only: when the full-edge capture fails too,
+    the error reaches the caller."""
+    from host.backend_cuda import CudaBackend
+    f = fake((9, 0), refuse_programmatic=CUresult.CUDA_ERROR_INVALID_VALUE)
+    with CudaBackend(TINY) as b:
+        monkeypatch.setattr(f, "cuGraphInstantiate",
+                            lambda g, flags: (CUresult.CUDA_ERROR_INVALID_VALUE, None))
+        with pytest.raises(drv.DriverError, match="cuGraphInstantiate"):
+            b.instantiate(3)
 
 
 def test_a_kernel_that_does_not_wait_is_never_launched_programmatically(fake):

@@ -532,6 +532,8 @@ def phase_per_launch(ctx: Context) -> str:
     ctx.expect("every launch timed", s["launches"] > 0 and s["repeats"] == m.launch_repeats)
     ctx.expect("the graph recaptured with every edge full was timed",
                s["full_edges_graph_us_p50"] is not None)
+    ctx.expect("the driver took the programmatic edges", not s.get("programmatic_refused"),
+               s.get("programmatic_refused"))
     pred = (s.get("predicted_update_us") or {}).get("central")
     full = (s.get("predicted_full_edges_update_us") or {}).get("central")
     return (f"{s['launches']} launches: sum {s['sum_of_launches_us']:.0f} µs, graph "

@@ -83,6 +83,7 @@ def measure(profile, checkpoint: Path | None, repeats: int, directory: Path):
         ring.run(L.SUBMISSION_UPDATE, c0, 0)
         timing = backend.time_submission(L.SUBMISSION_UPDATE, repeats)
         timing.programmatic_edges = backend.programmatic_edges[L.SUBMISSION_UPDATE]
+        timing.pdl_refused = backend.pdl_refused         # the driver's refusal, if any
         # the same graph with every edge full: what the programmatic edges save, measured
         backend.pdl = False
         backend.instantiate(t_base=c0 - 1)
@@ -126,6 +127,7 @@ def tables(timing, costs: dict, lane: dict | None = None):
                "lead_us_p50": _r(statistics.median(timing.lead_us)),
                "starved_repeats": timing.starved, "predicted_update_us": graph_model,
                "programmatic_edges": timing.programmatic_edges,
+               "programmatic_refused": getattr(timing, "pdl_refused", None),
                "full_edges_graph_us_p50": (_r(statistics.median(timing.full_edges_graph_us))
                                            if timing.full_edges_graph_us else None),
                "predicted_full_edges_update_us": ({s: _r(lane[s]["full_edges_graph_us"])
