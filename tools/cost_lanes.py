@@ -67,11 +67,13 @@ class _Launch:
 def launch_cost(sub, costs, end, i: int, s: str) -> float:
     """Seconds launch i spends launching once its predecessors are done: LAUNCH_PDL when its edge
     to its lane's previous launch is programmatic and that launch finished last, else LAUNCH."""
-    own = sub.deps[i][0] if sub.deps[i] and sub.launches[sub.deps[i][0]].lane == sub.launches[i].lane \
-        else None
-    if costs[i].programmatic and own is not None and end[own] >= max(end[j] for j in sub.deps[i]):
-        return LAUNCH_PDL[s]
-    return LAUNCH[s]
+    deps = sub.deps[i]
+    if not (costs[i].programmatic and deps):
+        return LAUNCH[s]
+    own = deps[0]                 # launch_graph.dependencies: the lane predecessor comes first
+    if sub.launches[own].lane != sub.launches[i].lane:
+        return LAUNCH[s]
+    return LAUNCH_PDL[s] if end[own] >= max(end[j] for j in deps) else LAUNCH[s]
 
 
 def schedule(sub, costs, bufs, s: str) -> LaneTimes:
