@@ -55,6 +55,7 @@ class SubmissionTiming:
     lead: int = TIMING_LEAD_MIN             # graph replays queued ahead, after the warm-up
     programmatic_edges: int = 0             # edges of the timed graph captured programmatically
     full_edges_graph_us: list = field(default_factory=list)  # (repeats,) recaptured, all full
+    pdl_refused: str | None = None          # the driver's refusal of programmatic edges, if any
 
     @property
     def starved(self) -> int:

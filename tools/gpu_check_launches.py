@@ -127,7 +127,7 @@ def tables(timing, costs: dict, lane: dict | None = None):
                "lead_us_p50": _r(statistics.median(timing.lead_us)),
                "starved_repeats": timing.starved, "predicted_update_us": graph_model,
                "programmatic_edges": timing.programmatic_edges,
-               "programmatic_refused": getattr(timing, "pdl_refused", None),
+               "programmatic_refused": timing.pdl_refused,
                "full_edges_graph_us_p50": (_r(statistics.median(timing.full_edges_graph_us))
                                            if timing.full_edges_graph_us else None),
                "predicted_full_edges_update_us": ({s: _r(lane[s]["full_edges_graph_us"])
