@@ -21,6 +21,17 @@ RMS_EPS = tl.constexpr(meta.RMS_EPS)
 
 
 @triton.jit
+def _row_block(T, D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    """This program's BLOCK_R whole rows of a (T, D) row-major array: offs_r (BLOCK_R,), offs_d
+    (BLOCK_D,), mask_r, mask (BLOCK_R, BLOCK_D) and the element offsets offs (BLOCK_R, BLOCK_D)."""
+    offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_r = offs_r < T
+    mask = mask_r[:, None] & (offs_d[None, :] < D)
+    return offs_r, offs_d, mask_r, mask, offs_r[:, None] * D + offs_d[None, :]
+
+
+@triton.jit
 def _rstd(x, D: tl.constexpr):
     # r = 1/sqrt(mean(x²) + eps), IEEE division and square root as numpy does
     ms = tl.div_rn(tl.sum(x * x, 1), tl.full((), D, tl.float32))
@@ -45,11 +56,7 @@ def rmsnorm_rows(x_ptr, ssq_ptr, h16_ptr, rstd_ptr, T, D: tl.constexpr, SSQ_PART
     its producer's SSQ_PARTS partial sums of squares: what matmul_swiglu's prologue would form
     per column tile, formed once (NUMERICS rmsnorm)."""
     await_previous_grid(PDL)
-    offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_r = offs_r < T
-    mask = mask_r[:, None] & (offs_d[None, :] < D)
-    offs = offs_r[:, None] * D + offs_d[None, :]
+    offs_r, offs_d, mask_r, mask, offs = _row_block(T, D, BLOCK_R, BLOCK_D)
     r = ssq_rstd(ssq_ptr, offs_r, T, tl.full((), D, tl.int32), SSQ_PARTS)
     x = tl.load(x_ptr + offs, mask=mask, other=0.0)
     tl.store(h16_ptr + offs, (x * r[:, None]).to(tl.bfloat16), mask=mask)
@@ -67,15 +74,11 @@ def embed_fwd(ids_ptr, table_ptr, g_ptr, emb_ptr, rstd_ptr, x_ptr, ssq_ptr, rope
     rope (T, d) = [cos | sin] of the same rows, which the qkv and attention-backward epilogues read;
     and the next-row links (T,) int32 the embedding backward walks (BLOCK_T ≥ T)."""
     await_previous_grid(PDL)
-    offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_r = offs_r < T
-    mask = mask_r[:, None] & (offs_d[None, :] < D)
+    offs_r, offs_d, mask_r, mask, offs = _row_block(T, D, BLOCK_R, BLOCK_D)
     ids = tl.load(ids_ptr + offs_r, mask=mask_r, other=0).to(tl.int32)
     e = tl.load(table_ptr + ids[:, None] * D + offs_d[None, :], mask=mask, other=0.0)
     r = _rstd(e, D)
     g = tl.load(g_ptr + offs_d, mask=offs_d < D, other=0.0)
-    offs = offs_r[:, None] * D + offs_d[None, :]
     tl.store(emb_ptr + offs, e, mask=mask)
     tl.store(rstd_ptr + offs_r, r, mask=mask_r)
     x = (e * r[:, None]) * g[None, :]
@@ -93,11 +96,7 @@ def final_norm(x_ptr, g_ptr, h16_ptr, rstd_ptr, T, D: tl.constexpr, BLOCK_R: tl.
     """hf = rmsnorm(x)·g (NUMERICS final_norm) of BLOCK_R whole rows: h16 = bf(x·r·g) (T, D), the
     head's bf16 operand written once, and rstd = r (T,) for the backward."""
     await_previous_grid(PDL)
-    offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_r = offs_r < T
-    mask = mask_r[:, None] & (offs_d[None, :] < D)
-    offs = offs_r[:, None] * D + offs_d[None, :]
+    offs_r, offs_d, mask_r, mask, offs = _row_block(T, D, BLOCK_R, BLOCK_D)
     x = tl.load(x_ptr + offs, mask=mask, other=0.0)
     r = _rstd(x, D)
     g = tl.load(g_ptr + offs_d, mask=offs_d < D, other=0.0)
