@@ -70,9 +70,11 @@ H200 = Tuning(mm_tiles=((128, 128), (128, 64), (64, 64)), mm_min_programs=120, m
               # N = 512 products into a norm backward: 32 tiles of 128×128 × 4 K ranges = 128
               # programs at 4× the FLOP per byte of the 64×64 tiles that reach 128 without a split
               dn_splits=4,
-              # the side lane's weight-gradient launches: at most 64 programs (1 block/SM), each
-              # looping over its tiles, so the main lane keeps ≥ 68 SMs (tools/cost_model.py)
-              dw_programs=64,
+              # the side lane's weight-gradient launches: at most 65 programs (1 block/SM), each
+              # looping over its tiles, so the main lane keeps ≥ 67 SMs (tools/cost_model.py);
+              # 65 because a layer's MLP half is 260 = 65 × 4 tiles (64 leaves 4 programs a fifth
+              # tile: the model's graph is 10 µs longer, docs/PERFORMANCE.md issue 14 round 5)
+              dw_programs=65,
               # the SwiGLU forward on the MLP norm's bf16 rows: 126 registers at 128×64, 2 blocks
               # per SM (344 tiles in 2 rounds); 128×128 takes 231 (1 block/SM; 31 µs more in the
               # model's graph), 64×128 128 and 64×64 78 but re-read the weights per 64 rows

@@ -16,7 +16,7 @@ from plan import launches, profiles
 
 # profile: (sha256 of the launch lists, launches per submission, distinct compiled entries)
 PINS = {
-    "coppelius": ("48169eca4d884137b4a107caffeee440ef0dc40e15d945aca85bd41c075046b7", (73, 165, 72), 27),
+    "coppelius": ("a51d21c73f41464c27dc2d2ad091237242f3de76dc4363552f56e4b57feb0312", (73, 165, 72), 27),
     "tiny": ("16369bec9a36f5b1f2183baddf681caba0284c7df0132646a05a13880c265004", (24, 46, 23), 27),
 }
 
