@@ -82,7 +82,7 @@ def buffers(profile) -> dict[str, BufferSpec]:
         BufferSpec("o16", "bf16", (L, T, Hd), "attention output, matmul operand"),
         BufferSpec("o32", "fp32", (L, T, Hd), "attention output, for delta = rowsum(do·o)"),
         BufferSpec("lse", "fp32", (L, H, T), "attention log-sum-exp per head and row"),
-        BufferSpec("ab", "fp32", (L, T, 2 * F), "gate | up pre-activations per layer"),
+        BufferSpec("ab", "bf16", (L, T, 2 * F), "gate | up pre-activations per layer, bf(a) | bf(b)"),
         BufferSpec("z16", "bf16", (L, T, F), "bf(silu(a)·b) per layer"),
         BufferSpec("logits", "fp32", (T, V), "head output"),
         BufferSpec("dlogits16", "bf16", (T, V), "bf((softmax − onehot)/T)"),

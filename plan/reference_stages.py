@@ -128,8 +128,8 @@ class MLP(NamedTuple):
     x: np.ndarray   # (T, D) residual after the MLP
     h: np.ndarray   # (T, D) rmsnorm(x_in)
     r: np.ndarray   # (T,)
-    a: np.ndarray   # (T, F) gate pre-activation
-    b: np.ndarray   # (T, F) up projection
+    a: np.ndarray   # (T, F) gate pre-activation, bf-rounded (what the forward stores)
+    b: np.ndarray   # (T, F) up projection, bf-rounded
     z: np.ndarray   # (T, F) silu(a)·b
 
 
@@ -137,8 +137,8 @@ def mlp(x: np.ndarray, Wgate: np.ndarray, Wup: np.ndarray, Wdown: np.ndarray) ->
     """x (T, D); Wgate, Wup (F, D); Wdown (D, F) → MLP(x + bf(z)·bf(Wdown)ᵀ, h, r, a, b, z)."""
     h, r = rmsnorm(x)
     hb = bf16(h)
-    a = hb @ bf16(Wgate).T
-    b = hb @ bf16(Wup).T
+    a = bf16(hb @ bf16(Wgate).T)                           # stored bf16: the backward's a, b
+    b = bf16(hb @ bf16(Wup).T)
     z = _silu(a) * b
     return MLP(x + bf16(z) @ bf16(Wdown).T, h, r, a, b, z)
 

@@ -16,8 +16,8 @@ from plan import launches, profiles
 
 # profile: (sha256 of the launch lists, launches per submission, distinct compiled entries)
 PINS = {
-    "coppelius": ("a51d21c73f41464c27dc2d2ad091237242f3de76dc4363552f56e4b57feb0312", (73, 165, 72), 27),
-    "tiny": ("16369bec9a36f5b1f2183baddf681caba0284c7df0132646a05a13880c265004", (24, 46, 23), 27),
+    "coppelius": ("4b7944887c1e6f8a74f1d95c9049f2a4e825fee914eaf3c7f2719e654855eadb", (73, 165, 72), 27),
+    "tiny": ("21a808d49de8e3eb0fccd7bbe2fdbf3133a7d7b2ee2391d3928f3aa520d5c0e9", (24, 46, 23), 27),
 }
 
 

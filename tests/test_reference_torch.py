@@ -70,6 +70,20 @@ class _BfMatmul(torch.autograd.Function):
         return gb @ _bf(b).transpose(-1, -2), _bf(a).transpose(-1, -2) @ gb
 
 
+class _BfStored(torch.autograd.Function):
+    """A value the forward stores in bf16 (NUMERICS mlp: the pre-activations a and b): rounded
+    forward, the gradient passed straight through (the backward differentiates at the stored
+    value)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return _bf(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
 def _rms(x):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
 
@@ -85,6 +99,7 @@ def torch_model(profile, params: dict, inputs, targets, bf16: bool = True):
     """SPEC §3 in torch → (logits (T, V), ce (T,)); params name → tensor (requires_grad)."""
     T, d, H, G = profile.context, profile.head_dim, profile.heads, profile.kv_heads
     mm = _BfMatmul.apply if bf16 else torch.matmul
+    stored = _BfStored.apply if bf16 else (lambda x: x)
     lin = (lambda x, w: mm(x, w.t()))
     pos = torch.arange(T, dtype=torch.float64)[:, None]
     freq = torch.tensor([10000.0 ** (-2.0 * i / d) for i in range(d // 2)],
@@ -105,7 +120,7 @@ def torch_model(profile, params: dict, inputs, targets, bf16: bool = True):
         o = mm(p, v).transpose(0, 1).reshape(T, H * d)
         x = x + lin(o, params[L + "wo"])
         h = _rms(x)
-        z = F.silu(lin(h, params[L + "wgate"])) * lin(h, params[L + "wup"])
+        z = F.silu(stored(lin(h, params[L + "wgate"]))) * stored(lin(h, params[L + "wup"]))
         x = x + lin(z, params[L + "wdown"])
     logits = lin(_rms(x) * params["g_final"], params["head"])
     return logits, F.cross_entropy(logits, targets, reduction="none")

@@ -34,13 +34,14 @@ def _matmul(v: View) -> Work:
         raise ValueError(f"{v.launch.label}: {tiles} tiles of {BM}×{BN} × {S} K splits but grid "
                          f"{v.launch.grid}")
     e = BM * BN
+    ab = v.elem("aux_ptr") if epi == 3 else 0     # the forward's [a|b] (bf16 since round 5)
     # epilogue per tile: (aux loaded, c stored, MUFU, ALU) — meta.EPI_* codes
     aux, out, mufu, alu = {0: (0, 4 * e, 0, e), 1: (0, 2 * e, 0, 2 * e), 2: (4 * e, 4 * e, 0, 2 * e),
-                           # SwiGLU backward: [a|b] fp32 in, [da|db] bf16 out; exp + 2 div_rn
-                           3: (8 * e, 4 * e, 3 * e, 30 * e)}[epi]
+                           # SwiGLU backward: [a|b] in, [da|db] bf16 out; exp + 2 div_rn
+                           3: (2 * ab * e, 4 * e, 3 * e, 30 * e)}[epi]
     fixed = Step(load_bytes=aux, store_bytes=out, mufu_ops=mufu, alu_ops=alu, hbm_trips=1)
     c_unique = S * M * N * (4 if epi in (0, 2) else 2) * (2 if epi == 3 else 1)
-    aux_unique = {0: 0, 1: 0, 2: M * N * 4, 3: 2 * M * N * 4}[epi]
+    aux_unique = {0: 0, 1: 0, 2: M * N * 4, 3: 2 * M * N * ab}[epi]
     # split s of S sums chunks [s·per, (s+1)·per) of the cdiv(K, BK) chunks (the last may be short)
     chunks = cdiv(K, BK)
     per = cdiv(chunks, S)
@@ -95,14 +96,14 @@ def _matmul_rotary(v: View) -> Work:
 def _matmul_swiglu(v: View) -> Work:
     M, N, K = v.scalar("M"), v.scalar("N"), v.scalar("K")
     BM, BN, BK = v.c["BLOCK_M"], v.c["BLOCK_N"], v.c["BLOCK_K"]
-    # two products of the bf16 h16 rmsnorm_rows wrote; ab = [a|b] fp32 and z = bf(silu(a)·b)
+    # two products of the bf16 h16 rmsnorm_rows wrote; ab = [bf(a)|bf(b)] and z = bf(silu(a)·b)
     # out: exp + div_rn per element
     tiles = _tiles(v, M, N, BM, BN)
     step = _mm_step(v, BM, BN, BK, v.elem("h16_ptr"), v.elem("wg_ptr"), 2)
-    e = BM * BN
-    fixed = Step(store_bytes=e * (8 + 2), mufu_ops=2 * e, alu_ops=15 * e, phases=1, hbm_trips=1)
+    e, out = BM * BN, 2 * v.elem("ab_ptr") + v.elem("z_ptr")        # bytes stored per element
+    fixed = Step(store_bytes=e * out, mufu_ops=2 * e, alu_ops=15 * e, phases=1, hbm_trips=1)
     return Work((uniform(tiles, cdiv(K, BK), step, fixed),),
-                hbm_bytes=M * K * 2 + 2 * N * K * v.elem("wg_ptr") + M * N * (8 + 2))
+                hbm_bytes=M * K * 2 + 2 * N * K * v.elem("wg_ptr") + M * N * out)
 
 
 @family("matmul_delta")

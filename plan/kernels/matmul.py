@@ -103,12 +103,12 @@ def _load_normed(x_ptr, h16_ptr, r, offs_m, offs_k, M, K, keep):
 
 @triton.jit
 def _swiglu_bwd_half(dz, c_ptr, aux_ptr, offs_m, offs_n, M, N):
-    """dz (BLOCK_M, cols) of the SwiGLU backward; [a | b] (M, 2N) saved by the forward; writes
-    [bf(da) | bf(db)] of those columns (NUMERICS mlp_backward)."""
+    """dz (BLOCK_M, cols) of the SwiGLU backward; [a | b] (M, 2N) bf16 saved by the forward;
+    writes [bf(da) | bf(db)] of those columns (NUMERICS mlp_backward)."""
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     row = offs_m[:, None] * (2 * N)
-    ga = tl.load(aux_ptr + row + offs_n[None, :], mask=mask, other=0.0)
-    up = tl.load(aux_ptr + row + N + offs_n[None, :], mask=mask, other=0.0)
+    ga = tl.load(aux_ptr + row + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(aux_ptr + row + N + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
     ea = 1.0 + tl.exp(-ga)
     sig = tl.div_rn(1.0, ea)
     silu = tl.div_rn(ga, ea)
@@ -191,7 +191,8 @@ def matmul_swiglu(h16_ptr, wg_ptr, wu_ptr, ab_ptr, z_ptr, M, N, K,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                   GROUP_M: tl.constexpr, PDL: tl.constexpr = False):
     """h16 (M, K) = bf(rmsnorm(x)) (rmsnorm_rows wrote it); a = h16 @ bf(Wgate)ᵀ,
-    b = h16 @ bf(Wup)ᵀ (M, N); ab = [a | b] (M, 2N) fp32; z = bf(silu(a)·b)."""
+    b = h16 @ bf(Wup)ᵀ (M, N), each rounded to bf16 (NUMERICS mlp): ab = [bf(a) | bf(b)]
+    (M, 2N) bf16, z = bf(silu(bf(a))·bf(b)) — the values the backward differentiates."""
     await_previous_grid(PDL)
     pid_m, pid_n = _tile_ids(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -205,9 +206,11 @@ def matmul_swiglu(h16_ptr, wg_ptr, wu_ptr, ab_ptr, z_ptr, M, N, K,
         acc_b = tl.dot(h, _load_b(wu_ptr, k0 + offs_k, offs_n, N, K, True), acc_b)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     row = offs_m[:, None] * (2 * N)
-    tl.store(ab_ptr + row + offs_n[None, :], acc_a, mask=mask)
-    tl.store(ab_ptr + row + N + offs_n[None, :], acc_b, mask=mask)
-    z = tl.div_rn(acc_a, 1.0 + tl.exp(-acc_a)) * acc_b
+    a16, b16 = acc_a.to(tl.bfloat16), acc_b.to(tl.bfloat16)
+    tl.store(ab_ptr + row + offs_n[None, :], a16, mask=mask)
+    tl.store(ab_ptr + row + N + offs_n[None, :], b16, mask=mask)
+    ga, up = a16.to(tl.float32), b16.to(tl.float32)
+    z = tl.div_rn(ga, 1.0 + tl.exp(-ga)) * up
     tl.store(z_ptr + offs_m[:, None] * N + offs_n[None, :], z.to(tl.bfloat16), mask=mask)
 
 
