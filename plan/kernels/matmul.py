@@ -150,12 +150,17 @@ def matmul(a_ptr, b_ptr, c_ptr, aux_ptr, M, N, K,
                       BLOCK_M, BLOCK_N, BLOCK_K)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     if EPILOGUE == EPI_SWIGLU_BWD:
-        # in two column halves: fewer tiles of a, b and their intermediates live at once
+        # in four column quarters: fewer tiles of a, b and their intermediates live at once
         HALF: tl.constexpr = BLOCK_N // 2
+        QUARTER: tl.constexpr = BLOCK_N // 4
         dz_lo, dz_hi = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, HALF)), (0, 2, 1)))
-        offs_h = pid_n * BLOCK_N + tl.arange(0, HALF)
-        _swiglu_bwd_half(dz_lo, c_ptr, aux_ptr, offs_m, offs_h, M, N)
-        _swiglu_bwd_half(dz_hi, c_ptr, aux_ptr, offs_m, offs_h + HALF, M, N)
+        dz_0, dz_1 = tl.split(tl.permute(tl.reshape(dz_lo, (BLOCK_M, 2, QUARTER)), (0, 2, 1)))
+        dz_2, dz_3 = tl.split(tl.permute(tl.reshape(dz_hi, (BLOCK_M, 2, QUARTER)), (0, 2, 1)))
+        offs_q = pid_n * BLOCK_N + tl.arange(0, QUARTER)
+        _swiglu_bwd_half(dz_0, c_ptr, aux_ptr, offs_m, offs_q, M, N)
+        _swiglu_bwd_half(dz_1, c_ptr, aux_ptr, offs_m, offs_q + QUARTER, M, N)
+        _swiglu_bwd_half(dz_2, c_ptr, aux_ptr, offs_m, offs_q + HALF, M, N)
+        _swiglu_bwd_half(dz_3, c_ptr, aux_ptr, offs_m, offs_q + HALF + QUARTER, M, N)
     else:
         offs_c = offs_m[:, None] * N + offs_n[None, :]
         if EPILOGUE == EPI_RESIDUAL:
