@@ -84,6 +84,8 @@ def buffers(profile) -> dict[str, BufferSpec]:
         BufferSpec("lse", "fp32", (L, H, T), "attention log-sum-exp per head and row"),
         BufferSpec("ab", "bf16", (L, T, 2 * F), "gate | up pre-activations per layer, bf(a) | bf(b)"),
         BufferSpec("z16", "bf16", (L, T, F), "bf(silu(a)·b) per layer"),
+        BufferSpec("down_part", "fp32", (tu.dn_splits, T, D), "the mlp down's split-K partials, "
+                   "summed in order by residual_norm (every layer reuses them)"),
         BufferSpec("logits", "fp32", (T, V), "head output"),
         BufferSpec("dlogits16", "bf16", (T, V), "bf((softmax − onehot)/T)"),
         BufferSpec("dn", "fp32", (tu.dn_splits, T, D), "gradient at a norm output (dhf, dh): "

@@ -85,13 +85,17 @@ def rmsnorm_rows(ctx: Context, *, x, ssq, h16, rstd, label: str) -> Launch:
                          num_warps=tu.rows_warps, num_stages=1, label=label)
 
 
-def final_norm(ctx: Context, *, x, g, h16, rstd, label: str) -> Launch:
-    """h16 = bf(rmsnorm(x)·g) and rstd of T rows: the head's bf16 input, written once."""
+def residual_norm(ctx: Context, *, x, parts, g, out, h16, rstd, label: str) -> Launch:
+    """out = x + Σ parts (the mlp down's split-K partials, in split order), then h16 =
+    bf(rmsnorm(out)[·g]) and rstd of T rows: the next norm's bf16 output, written once (g None:
+    no gain — the next layer's attention norm; g_final: the final norm, the head's input)."""
     tu = ctx.tu
-    return triton_launch("plan.kernels.norms", "final_norm", (_row_programs(ctx),),
-                         {"x_ptr": x, "g_ptr": g, "h16_ptr": h16, "rstd_ptr": rstd,
-                          "T": i32(ctx.T)},
-                         {"D": ctx.D, "BLOCK_R": tu.rows, "BLOCK_D": next_pow2(ctx.D)},
+    splits = ctx.bufs[parts.buffer].shape[0]
+    return triton_launch("plan.kernels.norms", "residual_norm", (_row_programs(ctx),),
+                         {"x_ptr": x, "part_ptr": parts, "g_ptr": parts if g is None else g,
+                          "out_ptr": out, "h16_ptr": h16, "rstd_ptr": rstd, "T": i32(ctx.T)},
+                         {"D": ctx.D, "PARTS": splits, "HAS_GAIN": g is not None,
+                          "BLOCK_R": tu.rows, "BLOCK_D": next_pow2(ctx.D)},
                          num_warps=tu.rows_warps, num_stages=1, label=label)
 
 

@@ -70,7 +70,8 @@ def matmul_residual(ctx: Context, *, a: BufferRef, b: BufferRef, x: BufferRef, o
 def matmul_into_norm(ctx: Context, *, a: BufferRef, b: BufferRef, dn: BufferRef, M: int, N: int,
                      K: int, label: str, b_transposed: bool = False) -> Launch:
     """dn (splits, M, N) fp32 partials of bf(A) @ bf(B), K split in `dn_splits` ranges: the
-    N = D products whose consumer is a norm backward (it adds the partials in split order):
+    N = D products whose consumer is a norm (backward, or the forward's residual_norm after the
+    mlp down) that adds the partials in split order:
     the largest tile (4× the FLOP per loaded byte of a 64×64 one) and enough K ranges to fill
     the GPU instead of small tiles.  Without a split (dn_splits = 1), the usual tile rule."""
     tu = ctx.tu
@@ -130,19 +131,13 @@ def weight_grad(ctx: Context, *, products, label: str) -> Launch:
                          num_warps=num_warps, num_stages=num_stages, label=label)
 
 
-def _parts(ctx: Context) -> dict:
-    return {"SSQ_PARTS": ssq_parts(ctx.tu, ctx.T, ctx.D)}
-
-
-def matmul_rotary(ctx: Context, *, x, ssq, w, qkv, h16, rstd, label: str) -> Launch:
-    """qkv16 = bf(rotary(bf(rmsnorm(x)) @ bf(Wq|Wk|Wv)ᵀ)): the norm in the prologue (r from the
-    producer's partial sums of squares ssq; h16, rstd stored), rotary in the epilogue; column
-    tiles hold whole heads."""
+def matmul_rotary(ctx: Context, *, h16, w, qkv, label: str) -> Launch:
+    """qkv16 = bf(rotary(h16 @ bf(Wq|Wk|Wv)ᵀ)) on the attention norm's bf16 rows (a row launch
+    wrote them), rotary in the epilogue; column tiles hold whole heads."""
     p = ctx.p
     return _tiled(ctx, "matmul_rotary",
-                  {"x_ptr": x, "ssq_ptr": ssq, "w_ptr": w, "qkv_ptr": qkv,
-                   "rope_ptr": ctx.buf("rope"), "h16_ptr": h16, "rstd_ptr": rstd},
-                  _parts(ctx) | {"ROTATED": p.heads + p.kv_heads, "HEAD_DIM": p.head_dim},
+                  {"h16_ptr": h16, "w_ptr": w, "qkv_ptr": qkv, "rope_ptr": ctx.buf("rope")},
+                  {"ROTATED": p.heads + p.kv_heads, "HEAD_DIM": p.head_dim},
                   ctx.T, ctx.W, ctx.D, label, heads=p.head_dim)
 
 

@@ -36,9 +36,14 @@ EPI_SWIGLU_BWD = meta.EPI_SWIGLU_BWD
 
 def _layer_forward(ctx: Context, ly: LayerRefs) -> list[Launch]:
     T, D, F, Hd = ctx.T, ctx.D, ctx.F, ctx.p.q_width
-    return [
-        MM.matmul_rotary(ctx, x=ly.resid_attn, ssq=ly.ssq_attn, w=ly.wqkv, qkv=ly.qkv16,
-                         h16=ly.h16_attn, rstd=ly.rstd_attn, label=ly.label("norm+qkv+rotary")),
+    # the attention norm: layer 0's from embed_fwd's sums of squares, the others' written by the
+    # previous layer's residual_norm
+    first = [B.rmsnorm_rows(ctx, x=ly.resid_attn, ssq=ly.ssq_attn, h16=ly.h16_attn,
+                            rstd=ly.rstd_attn, label=ly.label("attention.norm"))] \
+        if ly.site_attn == 0 else []
+    return first + [
+        MM.matmul_rotary(ctx, h16=ly.h16_attn, w=ly.wqkv, qkv=ly.qkv16,
+                         label=ly.label("qkv+rotary")),
         B.attention_fwd(ctx, qkv=ly.qkv16, o_part=ctx.buf("attn_o_part"),
                         ml_part=ctx.buf("attn_ml_part"), label=ly.label("attention")),
         B.attention_fwd_merge(ctx, o_part=ctx.buf("attn_o_part"), ml_part=ctx.buf("attn_ml_part"),
@@ -49,15 +54,24 @@ def _layer_forward(ctx: Context, ly: LayerRefs) -> list[Launch]:
 
 
 def _mlp_forward(ctx: Context, ly: LayerRefs) -> list[Launch]:
-    """The MLP's norm (a row launch: h16 and rstd), SwiGLU on h16, down with the residual."""
+    """The MLP's norm (a row launch: h16 and rstd), SwiGLU on h16, down in split-K partials
+    (128×128 tiles where 64×64 ones would reach 120 programs: half the L2 bytes), and the row
+    launch that adds them to the residual and writes the next norm: the next layer's attention
+    norm, or the final norm (with g_final) that the head reads."""
     T, D, F = ctx.T, ctx.D, ctx.F
+    site = ly.site_mlp + 1                                # the norm site above this layer
+    final = site == norm_points(ctx.p) - 1
+    parts = ctx.buf("down_part")
     return [
         B.rmsnorm_rows(ctx, x=ly.resid_mlp, ssq=ly.ssq_mlp, h16=ly.h16_mlp, rstd=ly.rstd_mlp,
                        label=ly.label("mlp.norm")),
         MM.matmul_swiglu(ctx, h16=ly.h16_mlp, wg=ly.wgate_up, wu=ly.wup, ab=ly.ab, z=ly.z16,
                          label=ly.label("mlp.swiglu")),
-        MM.matmul_residual(ctx, a=ly.z16, b=ly.wdown, x=ly.resid_mlp, out=ly.resid_out,
-                           ssq=ly.ssq_out, M=T, N=D, K=F, label=ly.label("mlp.down")),
+        MM.matmul_into_norm(ctx, a=ly.z16, b=ly.wdown, dn=parts, M=T, N=D, K=F,
+                            b_transposed=True, label=ly.label("mlp.down")),
+        B.residual_norm(ctx, x=ly.resid_mlp, parts=parts, g=ctx.param("g_final") if final else None,
+                        out=ly.resid_out, h16=ctx.slab("h16", site), rstd=ctx.rstd(site),
+                        label=ly.label("mlp.residual+final_norm" if final else "mlp.residual+norm")),
     ]
 
 
@@ -71,11 +85,9 @@ def forward(ctx: Context) -> list[Launch]:
                        label="embed")]
     for layer in range(ctx.p.layers):
         out += _layer_forward(ctx, layer_refs(ctx, layer))
-    # the final norm once (a row launch), then the head on its bf16 output: the head's 96
-    # column tiles would each re-read the fp32 rows in a fused prologue
+    # the last layer's residual_norm wrote the final norm's bf16 rows: the head reads them (its
+    # 96 column tiles would each re-read the fp32 rows in a fused prologue)
     hf16 = ctx.slab("h16", last)
-    out.append(B.final_norm(ctx, x=ctx.slab("resid", last), g=ctx.param("g_final"), h16=hf16,
-                            rstd=ctx.rstd(last), label="final_norm"))
     out.append(MM.matmul(ctx, a=hf16, b=ctx.param("head", "w16"), c=ctx.buf("logits"),
                          aux=ctx.buf("logits"), M=ctx.T, N=ctx.V, K=ctx.D, b_transposed=True,
                          epilogue=meta.EPI_F32, label="head"))

@@ -144,7 +144,7 @@ def _swiglu_reference(M, D, F):
 
 
 def _check_prologue(h16, rstd, x):
-    """The norm the prologue stored: rstd as rmsnorm's r, h16 = bf(x·r) bit for bit from it."""
+    """The norm a row launch stored: rstd as rmsnorm's r, h16 = bf(x·r) bit for bit from it."""
     assert_written("h16", h16)
     assert_written("rstd", rstd)
     y, r = ref.rmsnorm(x)
@@ -191,26 +191,6 @@ def test_matmul_swiglu_on_the_norm_rows_is_the_mlp_stage(shape):
     assert_close("z", f32(z), ref.bf16(m.z), 2 * ONE_BF16_ULP)
 
 
-@pytest.mark.parametrize("parts", [1, SSQ_PARTS])
-def test_the_norm_rows_are_the_norm_prologue_bit_for_bit(parts):
-    """rmsnorm_rows (the MLP sites) and matmul_rotary's prologue (the attention sites) form r from
-    the same partial sums with the same operations, and h16 = bf(x·r): the same bits (the
-    SwiGLU forward's prologue was this one, so its inputs did not move)."""
-    M, D, W = 77, 160, 64
-    x = (2 * RNG.standard_normal((M, D))).astype(np.float32)
-    ssq = _ssq(x, parts)
-    h16, rstd = _norm_rows(x, ssq)
-    cos, sin = ref.rotary_tables(type("P", (), {"context": M, "head_dim": 32})())
-    rope = torch.from_numpy(np.concatenate([cos, sin], axis=1))
-    p16, prstd = poisoned((M, D), torch.bfloat16), poisoned((M,))
-    matmul_rotary[(cdiv(M, 128) * cdiv(W, 64),)](
-        torch.from_numpy(x), ssq, bf16_tensor(RNG.standard_normal((W, D)).astype(np.float32)),
-        poisoned((M, W), torch.bfloat16), rope, p16, prstd, M, W, D, SSQ_PARTS=parts, ROTATED=2,
-        HEAD_DIM=32, BLOCK_M=128, BLOCK_N=64, BLOCK_K=32, GROUP_M=2)
-    assert_bitwise("rstd: rows vs prologue", f32(rstd), f32(prstd))
-    assert_bitwise("h16: rows vs prologue", f32(h16), f32(p16))
-
-
 @pytest.mark.parametrize("shape", SHAPE_IDS)
 def test_matmul_swiglu_backward_epilogue(shape):
     M, F, D = SHAPES[shape]
@@ -251,15 +231,12 @@ def test_matmul_rotary_is_qkv_then_rotary(Tr, Dm, H, G, bn):
     cos, sin = ref.rotary_tables(type("P", (), {"context": Tr, "head_dim": d})())
     rope = torch.from_numpy(np.concatenate([cos, sin], axis=1))
     out = poisoned((Tr, W), torch.bfloat16)
-    h16, rstd = poisoned((Tr, Dm), torch.bfloat16), poisoned((Tr,))
-    matmul_rotary[(cdiv(Tr, 128) * cdiv(W, bn),)](torch.from_numpy(x), _ssq(x, 1), bf16_tensor(w),
-                                                  out, rope, h16, rstd, Tr, W, Dm, SSQ_PARTS=1,
+    h16 = bf16_tensor(ref.rmsnorm(x)[0])                              # the norm's bf16 rows
+    matmul_rotary[(cdiv(Tr, 128) * cdiv(W, bn),)](h16, bf16_tensor(w), out, rope, Tr, W, Dm,
                                                   ROTATED=H + G, HEAD_DIM=d, BLOCK_M=128,
                                                   BLOCK_N=bn, BLOCK_K=32, GROUP_M=2)
     assert_written("qkv16", out)
-    _check_prologue(h16, rstd, x)
-    # NUMERICS qkv then rotary: q = bf(h) @ bf(Wq)ᵀ (fp32), rotated, then bf() for attention;
-    # h as the prologue stored it (its rounding is checked above)
+    # NUMERICS qkv then rotary: q = bf(h) @ bf(Wq)ᵀ (fp32), rotated, then bf() for attention
     qkv = f32(h16) @ ref.bf16(w).T
     q, k, v = qkv[:, :H * d], qkv[:, H * d:(H + G) * d], qkv[:, (H + G) * d:]
     got = f32(out)
@@ -303,5 +280,4 @@ def test_fused_head_tiles_refuse_tiles_that_split_a_head():
     ctx.tu = dataclasses.replace(ctx.tu, mm_tiles=((128, 48), (64, 16)))
     ly = layer_refs(ctx, 0)
     with pytest.raises(ValueError, match="whole heads of 32 columns"):
-        build_matmul_rotary(ctx, x=ly.resid_attn, ssq=ly.ssq_attn, w=ly.wqkv, qkv=ly.qkv16,
-                            h16=ly.h16_attn, rstd=ly.rstd_attn, label="refused")
+        build_matmul_rotary(ctx, h16=ly.h16_attn, w=ly.wqkv, qkv=ly.qkv16, label="refused")

@@ -21,7 +21,7 @@ from plan.kernels.adamw import adamw
 from plan.kernels.copy import copy_f32
 from plan.kernels.cross_entropy import cross_entropy, predictions
 from plan.kernels.embed_grad import embed_decay, embed_grad
-from plan.kernels.norms import embed_fwd, final_norm, rmsnorm_bwd, rmsnorm_bwd_gain
+from plan.kernels.norms import embed_fwd, residual_norm, rmsnorm_bwd, rmsnorm_bwd_gain
 
 RNG = np.random.default_rng(11)
 BLOCK_R = 16                   # rows per norm program
@@ -136,24 +136,36 @@ def test_embed_fwd_is_the_embed_stage_and_writes_the_rotary_table_and_links(shap
     assert_close("sin", f32(rope[:T, d // 2:]), sin, ELEMENTWISE)
 
 
+@pytest.mark.parametrize("parts,gain", [(1, False), (3, False), (4, True)])
 @pytest.mark.parametrize("shape", SHAPE_IDS)
-def test_final_norm_writes_the_heads_bf16_input_once(shape):
-    """hf = rmsnorm(x)·g as bf16 (the head's operand: NUMERICS final_norm then head) and r."""
+def test_residual_norm_adds_the_partials_in_order_then_norms(shape, parts, gain):
+    """out = x + ((p0 + p1) + p2) bit for bit (the mlp down's split-K partials in split order,
+    then the residual add), and the norm of out written once: h16 = bf(out·r) — bf(out·r·g), the
+    head's operand, with the gain (NUMERICS final_norm) — and r."""
     s = SHAPES[shape]
     T, D = s.T, s.D
     x = (3 * RNG.standard_normal((T, D))).astype(np.float32)
+    part = RNG.standard_normal((parts, T, D)).astype(np.float32)
     g = (1 + 0.1 * RNG.standard_normal(D)).astype(np.float32)
-    h16, rstd = poisoned((T + 3, D), torch.bfloat16), poisoned((T + 3,))   # rows past T unwritten
-    final_norm[s.grid](_t(x), _t(g), h16, rstd, T, **s.norm)
-    assert_written("h16", h16[:T])
-    assert_written("rstd", rstd[:T])
-    assert_unwritten("final_norm's rows past T", h16[T:])
-    assert_unwritten("final_norm's rstd past T", rstd[T:])
-    want = ref.final_norm(x, g)
-    assert_close("rstd", f32(rstd[:T]), want.r, ELEMENTWISE)
-    assert_close("hf", f32(h16[:T]), ref.bf16(want.hf), ONE_BF16_ULP)
-    mine = (x * f32(rstd[:T])[:, None]) * g                       # its own r, the same fp32 ops
-    assert_bitwise("h16 is bf(x·r·g) of the stored r", f32(h16[:T]), ref.bf16(mine))
+    out, h16, rstd = (poisoned((T + 3, D)), poisoned((T + 3, D), torch.bfloat16),
+                      poisoned((T + 3,)))                          # rows past T unwritten
+    residual_norm[s.grid](_t(x), _t(part), _t(g), out, h16, rstd, T, PARTS=parts,
+                          HAS_GAIN=gain, **s.norm)
+    for name, t in (("out", out), ("h16", h16), ("rstd", rstd)):
+        assert_written(name, t[:T])
+        assert_unwritten(f"residual_norm's {name} past T", t[T:])
+    total = part[0]
+    for k in range(1, parts):
+        total = total + part[k]                                   # split order, fp32
+    want = x + total
+    assert_bitwise("out = x + Σ partials in split order", f32(out[:T]), want)
+    y, r = ref.rmsnorm(want)
+    assert_close("rstd", f32(rstd[:T]), r, ELEMENTWISE)
+    hf = ref.final_norm(want, g).hf if gain else y
+    assert_close("h16", f32(h16[:T]), ref.bf16(hf), ONE_BF16_ULP)
+    mine = want * f32(rstd[:T])[:, None]                          # its own r, the same fp32 ops
+    assert_bitwise("h16 is bf(out·r[·g]) of the stored r", f32(h16[:T]),
+                   ref.bf16(mine * g if gain else mine))
 
 
 @pytest.mark.parametrize("shape", SHAPE_IDS)

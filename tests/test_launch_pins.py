@@ -16,8 +16,8 @@ from plan import launches, profiles
 
 # profile: (sha256 of the launch lists, launches per submission, distinct compiled entries)
 PINS = {
-    "coppelius": ("4b7944887c1e6f8a74f1d95c9049f2a4e825fee914eaf3c7f2719e654855eadb", (73, 165, 72), 27),
-    "tiny": ("21a808d49de8e3eb0fccd7bbe2fdbf3133a7d7b2ee2391d3928f3aa520d5c0e9", (24, 46, 23), 27),
+    "coppelius": ("4117ec06c884d724064bd45d905459c2849d530d67deb45bc0fa511326827f4a", (82, 174, 81), 29),
+    "tiny": ("ace0f0d4b51ea13f359be112720c5d0d09dd45e096262db5c14cd78ed4974f5d", (26, 48, 25), 28),
 }
 
 

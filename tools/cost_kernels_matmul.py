@@ -50,26 +50,6 @@ def _matmul(v: View) -> Work:
                 hbm_bytes=M * K * a + K * N * b + c_unique + aux_unique)
 
 
-def _norm_prologue(v: View, products: int, epilogue: Step, out_unique: float) -> Work:
-    """matmul_rotary: each program forms its rows' r from the producer's
-    SSQ_PARTS partial sums of squares (a dependent load of BM × parts words before the K loop),
-    then loads the fp32 rows, scales and rounds them as the A operand (fp32 A read once per
-    column tile); programs of column tile 0 store h16 and rstd."""
-    M, N, K = v.scalar("M"), v.scalar("N"), v.scalar("K")
-    BM, BN, BK = v.c["BLOCK_M"], v.c["BLOCK_N"], v.c["BLOCK_K"]
-    parts = v.c["SSQ_PARTS"]
-    x, w = v.elem("x_ptr"), v.elem("w_ptr" if "w_ptr" in v.args else "wg_ptr")
-    tiles = _tiles(v, M, N, BM, BN)
-    step = _mm_step(v, BM, BN, BK, x, w, products, alu=2 * BM * BK)      # x·r, round
-    fixed = Step(load_bytes=epilogue.load_bytes + parts * BM * 4, store_bytes=epilogue.store_bytes,
-                 mufu_ops=epilogue.mufu_ops + BM, alu_ops=epilogue.alu_ops + (20 + parts) * BM,
-                 phases=1, hbm_trips=1, l2_trips=1)                # + rstd of BM rows from ssq
-    h16_rstd = M * K * 2 + M * 4
-    return Work((uniform(tiles, cdiv(K, BK), step, fixed),),
-                hbm_bytes=M * K * x + products * N * K * w + h16_rstd
-                + parts * M * 4 + out_unique, extra_l2_bytes=h16_rstd)
-
-
 @family("matmul_residual")
 def _matmul_residual(v: View) -> Work:
     M, N, K = v.scalar("M"), v.scalar("N"), v.scalar("K")
@@ -85,11 +65,16 @@ def _matmul_residual(v: View) -> Work:
 
 @family("matmul_rotary")
 def _matmul_rotary(v: View) -> Work:
-    M, N, d = v.scalar("M"), v.scalar("N"), v.c["HEAD_DIM"]
-    BM, BN = v.c["BLOCK_M"], v.c["BLOCK_N"]
+    """The bf16 norm rows h16 (a row launch wrote them) @ Wqkvᵀ, rotary in the epilogue."""
+    M, N, K, d = v.scalar("M"), v.scalar("N"), v.scalar("K"), v.c["HEAD_DIM"]
+    BM, BN, BK = v.c["BLOCK_M"], v.c["BLOCK_N"], v.c["BLOCK_K"]
+    h, w = v.elem("h16_ptr"), v.elem("w_ptr")
+    tiles = _tiles(v, M, N, BM, BN)
     # rope [cos|sin] rows in, rotation (~6 ops per element), bf16 q'|k'|v out
-    epi = Step(load_bytes=BM * d * 4, store_bytes=BM * BN * 2, alu_ops=6 * BM * BN)
-    return _norm_prologue(v, 1, epi, out_unique=M * N * 2 + M * d * 4)
+    fixed = Step(load_bytes=BM * d * 4, store_bytes=BM * BN * 2, alu_ops=6 * BM * BN, phases=1,
+                 hbm_trips=1)
+    return Work((uniform(tiles, cdiv(K, BK), _mm_step(v, BM, BN, BK, h, w), fixed),),
+                hbm_bytes=M * K * h + N * K * w + M * N * 2 + M * d * 4)
 
 
 @family("matmul_swiglu")

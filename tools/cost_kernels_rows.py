@@ -43,13 +43,16 @@ def _gain_programs(T, D, GR, GC, parts) -> Programs:
     return uniform(cdiv(D, GC), cdiv(T, GR), gain, Step(store_bytes=GC * 4, hbm_trips=1))
 
 
-@family("final_norm")
-def _final_norm(v: View) -> Work:
-    T, D, R = v.scalar("T"), v.c["D"], v.c["BLOCK_R"]
-    # BLOCK_R fp32 rows and the gain in, a row reduction, bf16 rows and rstd out
-    step = Step(load_bytes=R * D * 4 + D * 4, store_bytes=R * D * 2 + R * 4, alu_ops=6 * R * D,
-                mufu_ops=R, phases=1, hbm_trips=1)
-    return Work((uniform(v.programs, 1, step),), hbm_bytes=T * D * (4 + 2) + D * 4 + T * 4)
+@family("residual_norm")
+def _residual_norm(v: View) -> Work:
+    T, D, R, parts = v.scalar("T"), v.c["D"], v.c["BLOCK_R"], v.c["PARTS"]
+    g = D * 4 if v.c["HAS_GAIN"] else 0
+    # BLOCK_R fp32 rows of the residual and of each split-K partial (and the gain) in; their sum
+    # out, a row reduction, bf16 rows and rstd out
+    step = Step(load_bytes=(1 + parts) * R * D * 4 + g, store_bytes=R * D * (4 + 2) + R * 4,
+                alu_ops=(parts + 6) * R * D, mufu_ops=R, phases=1, hbm_trips=1)
+    return Work((uniform(v.programs, 1, step),),
+                hbm_bytes=T * D * 4 * (2 + parts) + T * D * 2 + g + T * 4)
 
 
 @family("rmsnorm_rows")

@@ -8,12 +8,11 @@ so `h @ Wᵀ` is (A_T=0, B_T=1), `dY @ W` is (0, 0) and the weight gradient `dY�
 `matmul_swiglu` computes the gate and up products of one tile together and applies SwiGLU, on
 the bf16 output of a `rmsnorm_rows` launch (plan/kernels/norms.py; as the head reads the final
 norm's): its 43 column tiles of 64 would each re-read the fp32 rows in a fused prologue.
-`matmul_rotary` is the qkv product with rotary in its epilogue (bf16 q'|k'|v out, no fp32 scratch);
-it takes the fp32 residual rows and applies rmsnorm in its prologue (no rmsnorm launch):
-r comes from the per-row partial sums of squares the residual's producer wrote
-(`matmul_residual` — out_proj, mlp down — and embed_fwd: one per column tile, added in order),
-then each A chunk is scaled and rounded as it loads: the fp32 rows are read once per column tile;
-the first column tile also stores h16 and rstd.
+`matmul_rotary` is the qkv product with rotary in its epilogue (bf16 q'|k'|v out, no fp32 scratch),
+on the bf16 rows of the attention norm: `residual_norm_rows` (after the previous layer's split
+mlp down) or `rmsnorm_rows` (layer 0) wrote them once, where a fused prologue read the fp32 rows
+once per column tile (issue 14 round 5).
+`matmul_residual` (out_proj) also writes per-row partial sums of squares for the MLP norm.
 `matmul_delta` is out_proj_backward's dO product that also forms delta = rowsum(dO·o) per head.
 The epilogues fuse what used to be separate launches with the same fp32 operations in the same
 order, so the rounding points of NUMERICS.md do not move.
@@ -23,7 +22,6 @@ import triton
 import triton.language as tl
 
 from plan.kernels import meta
-from plan.kernels.norms import ssq_rstd
 from plan.kernels.rotary import load_rope, rotate_tile
 from plan.kernels.grid_dependency import await_previous_grid
 
@@ -88,17 +86,6 @@ def store_ssq(ssq_ptr, x, offs_m, M, part):
     """ssq[part, m] = Σ_n x[m, n]² of a residual tile x (BLOCK_M, BLOCK_N) (columns past N hold 0):
     the partial sum its consumer's norm prologue adds in part order."""
     tl.store(ssq_ptr + part * M + offs_m, tl.sum(x * x, 1), mask=offs_m < M)
-
-
-@triton.jit
-def _load_normed(x_ptr, h16_ptr, r, offs_m, offs_k, M, K, keep):
-    """bf(x·r) (BLOCK_M, BLOCK_K): the rmsnorm output chunk as a matmul operand (NUMERICS
-    rmsnorm); rows where `keep` (BLOCK_M,) also store it to h16 (M, K) for the backward."""
-    mask = (offs_m[:, None] < M) & (offs_k[None, :] < K)
-    offs = offs_m[:, None] * K + offs_k[None, :]
-    h = (tl.load(x_ptr + offs, mask=mask, other=0.0) * r[:, None]).to(tl.bfloat16)
-    tl.store(h16_ptr + offs, h, mask=mask & keep[:, None])
-    return h
 
 
 @triton.jit
@@ -220,27 +207,21 @@ def matmul_swiglu(h16_ptr, wg_ptr, wu_ptr, ab_ptr, z_ptr, M, N, K,
 
 
 @triton.jit
-def matmul_rotary(x_ptr, ssq_ptr, w_ptr, qkv_ptr, rope_ptr, h16_ptr, rstd_ptr, M, N, K,
-                  SSQ_PARTS: tl.constexpr, ROTATED: tl.constexpr, HEAD_DIM: tl.constexpr,
+def matmul_rotary(h16_ptr, w_ptr, qkv_ptr, rope_ptr, M, N, K,
+                  ROTATED: tl.constexpr, HEAD_DIM: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                   GROUP_M: tl.constexpr, PDL: tl.constexpr = False):
-    """qkv (M, N) bf16 = bf(rotary(bf(h) @ bf(W)ᵀ)), h = rmsnorm(x) in the prologue (x (M, K) fp32;
-    the first column tile stores h16 and rstd for the backward): W = Wq|Wk|Wv (N = (H+2G)·d rows),
-    the first ROTATED heads (q and k) rotated (NUMERICS qkv + rotary), v cast; rope (M, d) =
-    [cos | sin] per row (embed_fwd writes it).  BLOCK_N holds whole heads."""
+    """qkv (M, N) bf16 = bf(rotary(h16 @ bf(W)ᵀ)), h16 (M, K) = bf(rmsnorm(x)) (a row launch wrote
+    it): W = Wq|Wk|Wv (N = (H+2G)·d rows), the first ROTATED heads (q and k) rotated (NUMERICS
+    qkv + rotary), v cast; rope (M, d) = [cos | sin] per row (embed_fwd writes it).  BLOCK_N holds
+    whole heads."""
     await_previous_grid(PDL)
     HEADS_IN_TILE: tl.constexpr = BLOCK_N // HEAD_DIM
     pid_m, pid_n = _tile_ids(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    keep = offs_m * 0 + pid_n == 0        # (BLOCK_M,): a scalar mask trips Triton 3.9's interpreter
-    r = ssq_rstd(ssq_ptr, offs_m, M, K, SSQ_PARTS)
-    tl.store(rstd_ptr + offs_m, r, mask=(offs_m < M) & keep)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        h = _load_normed(x_ptr, h16_ptr, r, offs_m, k0 + offs_k, M, K, keep)
-        acc = tl.dot(h, _load_b(w_ptr, k0 + offs_k, offs_n, N, K, True), acc)
+    acc = _accumulate(h16_ptr, w_ptr, offs_m, offs_n, M, N, K, 0, K, False, True,
+                      BLOCK_M, BLOCK_N, BLOCK_K)
     c, s = load_rope(rope_ptr, offs_m, M, HEAD_DIM)                  # (BLOCK_M, d/2)
     y = rotate_tile(acc, c, s, pid_n * HEADS_IN_TILE, ROTATED, HEADS_IN_TILE, HEAD_DIM, False)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)

@@ -1,9 +1,10 @@
 """Row norms: embedding gather + rmsnorm + gain (also the rotary table and next-row links), the
 rmsnorm backward, and the gain gradients (a
-fixed-order column reduction over rows: no atomics).  The forward rmsnorm of the attention sites
-runs in the prologue of the matmul that consumes it (plan/kernels/matmul.py); the MLP sites' in
-`rmsnorm_rows`, from the same partial sums of squares with the same operations (`ssq_rstd`,
-bf(x·r)), so the bits are the prologue's.
+fixed-order column reduction over rows: no atomics).  Every forward rmsnorm writes its bf16
+output once for the matmul that reads it: `rmsnorm_rows` at the MLP sites (and layer 0's
+attention site), r from the producer's partial sums of squares (`ssq_rstd`); `residual_norm`
+after each mlp down, which first adds the down's split-K partials to the residual, then forms
+r from the whole row (the next layer's attention norm, or the final norm with its gain).
 
 One program owns BLOCK_R whole rows (BLOCK_D ≥ D covers a row), so every row statistic is a
 single in-register reduction.  y = x·r is recomputed from the saved x and r (same fp32 ops as the
@@ -91,16 +92,23 @@ def embed_fwd(ids_ptr, table_ptr, g_ptr, emb_ptr, rstd_ptr, x_ptr, ssq_ptr, rope
 
 
 @triton.jit
-def final_norm(x_ptr, g_ptr, h16_ptr, rstd_ptr, T, D: tl.constexpr, BLOCK_R: tl.constexpr,
-               BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
-    """hf = rmsnorm(x)·g (NUMERICS final_norm) of BLOCK_R whole rows: h16 = bf(x·r·g) (T, D), the
-    head's bf16 operand written once, and rstd = r (T,) for the backward."""
+def residual_norm(x_ptr, part_ptr, g_ptr, out_ptr, h16_ptr, rstd_ptr, T, D: tl.constexpr,
+                  PARTS: tl.constexpr, HAS_GAIN: tl.constexpr, BLOCK_R: tl.constexpr,
+                  BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
+    """out = x + ((part_0 + part_1) + …) (T, D): the residual add of a split-K product — the mlp
+    down's PARTS partials (PARTS, T, D), added in split order, then to the residual x (NUMERICS
+    mlp) — and the norm that reads it, of BLOCK_R whole rows: h16 = bf(out·r), or bf(out·r·g)
+    with HAS_GAIN (NUMERICS final_norm: the head's operand), and rstd = r (T,) for the backward.
+    (g_ptr is unread without HAS_GAIN.)"""
     await_previous_grid(PDL)
     offs_r, offs_d, mask_r, mask, offs = _row_block(T, D, BLOCK_R, BLOCK_D)
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0) + load_parts(part_ptr, offs, mask, T * D, PARTS)
+    tl.store(out_ptr + offs, x, mask=mask)
     r = _rstd(x, D)
-    g = tl.load(g_ptr + offs_d, mask=offs_d < D, other=0.0)
-    tl.store(h16_ptr + offs, ((x * r[:, None]) * g[None, :]).to(tl.bfloat16), mask=mask)
+    y = x * r[:, None]
+    if HAS_GAIN:
+        y = y * tl.load(g_ptr + offs_d, mask=offs_d < D, other=0.0)[None, :]
+    tl.store(h16_ptr + offs, y.to(tl.bfloat16), mask=mask)
     tl.store(rstd_ptr + offs_r, r, mask=mask_r)
 
 
