@@ -58,10 +58,10 @@ H200 = Tuning(mm_tiles=((128, 128), (128, 64), (64, 64)), mm_min_programs=120, m
               vocab_warps=8,
               # 128 rows per gain-column trip: 8 unprefetched trips on its chain instead of 16
               gain_cols=32, gain_rows=128,
-              # 128×128 with the epilogue in column quarters on the bf16 [a|b]: 128 registers, no
-              # spill (ptxas -v), so 2 blocks/SM and the 176 tiles in 1 round (in halves on fp32
-              # [a|b]: 234, 1 block/SM, 2 rounds; docs/PERFORMANCE.md, issue 14 round 5); 128×64
-              # loads bf(dres) once per 64 columns: +186 MB of L2 per update (round 3)
+              # 128×128 with the epilogue in column eighths on the bf16 [a|b]: 108 registers, no
+              # spill (ptxas -v), so 2 blocks/SM and the 176 tiles in 1 round (quarters: 128; in
+              # halves on fp32 [a|b]: 234, 1 block/SM, 2 rounds; docs/PERFORMANCE.md, issue 14
+              # round 5); 128×64 loads bf(dres) once per 64 columns: +186 MB of L2 (round 3)
               swiglu_bwd_tiles=((128, 128), (64, 64)),
               # the AdamW epilogue, in two column halves, holds the tile's g and half-tiles of p, m,
               # v: 226 registers at 128×128, no spill (1 block/SM; 128×64 takes 128 but moves 25 %

@@ -89,7 +89,23 @@ def store_ssq(ssq_ptr, x, offs_m, M, part):
 
 
 @triton.jit
-def _swiglu_bwd_half(dz, c_ptr, aux_ptr, offs_m, offs_n, M, N):
+def _col_halves(x, BLOCK_M: tl.constexpr, HALF: tl.constexpr):
+    """The two column halves (BLOCK_M, HALF) of a tile x (BLOCK_M, 2·HALF)."""
+    return tl.split(tl.permute(tl.reshape(x, (BLOCK_M, 2, HALF)), (0, 2, 1)))
+
+
+@triton.jit
+def _swiglu_bwd_halves(dz, c_ptr, aux_ptr, offs_m, offs_n, M, N, BLOCK_M: tl.constexpr,
+                       HALF: tl.constexpr):
+    """_swiglu_bwd_cols on the two column halves of dz (BLOCK_M, 2·HALF); offs_n (HALF,) the
+    first half's columns."""
+    lo, hi = _col_halves(dz, BLOCK_M, HALF)
+    _swiglu_bwd_cols(lo, c_ptr, aux_ptr, offs_m, offs_n, M, N)
+    _swiglu_bwd_cols(hi, c_ptr, aux_ptr, offs_m, offs_n + HALF, M, N)
+
+
+@triton.jit
+def _swiglu_bwd_cols(dz, c_ptr, aux_ptr, offs_m, offs_n, M, N):
     """dz (BLOCK_M, cols) of the SwiGLU backward; [a | b] (M, 2N) bf16 saved by the forward;
     writes [bf(da) | bf(db)] of those columns (NUMERICS mlp_backward)."""
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
@@ -137,17 +153,21 @@ def matmul(a_ptr, b_ptr, c_ptr, aux_ptr, M, N, K,
                       BLOCK_M, BLOCK_N, BLOCK_K)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     if EPILOGUE == EPI_SWIGLU_BWD:
-        # in four column quarters: fewer tiles of a, b and their intermediates live at once
+        # in eighths of the columns: fewer tiles of a, b and their intermediates live at once
+        # (coppelius, 128×128 on sm_90a: 108 registers, 2 blocks/SM with room for another
+        # ptxas; quarters 128, halves 167 — docs/PERFORMANCE.md, issue 14 round 5)
         HALF: tl.constexpr = BLOCK_N // 2
         QUARTER: tl.constexpr = BLOCK_N // 4
-        dz_lo, dz_hi = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, HALF)), (0, 2, 1)))
-        dz_0, dz_1 = tl.split(tl.permute(tl.reshape(dz_lo, (BLOCK_M, 2, QUARTER)), (0, 2, 1)))
-        dz_2, dz_3 = tl.split(tl.permute(tl.reshape(dz_hi, (BLOCK_M, 2, QUARTER)), (0, 2, 1)))
-        offs_q = pid_n * BLOCK_N + tl.arange(0, QUARTER)
-        _swiglu_bwd_half(dz_0, c_ptr, aux_ptr, offs_m, offs_q, M, N)
-        _swiglu_bwd_half(dz_1, c_ptr, aux_ptr, offs_m, offs_q + QUARTER, M, N)
-        _swiglu_bwd_half(dz_2, c_ptr, aux_ptr, offs_m, offs_q + HALF, M, N)
-        _swiglu_bwd_half(dz_3, c_ptr, aux_ptr, offs_m, offs_q + HALF + QUARTER, M, N)
+        EIGHTH: tl.constexpr = BLOCK_N // 8
+        dz_lo, dz_hi = _col_halves(acc, BLOCK_M, HALF)
+        dz_0, dz_1 = _col_halves(dz_lo, BLOCK_M, QUARTER)
+        dz_2, dz_3 = _col_halves(dz_hi, BLOCK_M, QUARTER)
+        offs_e = pid_n * BLOCK_N + tl.arange(0, EIGHTH)              # an eighth's columns
+        _swiglu_bwd_halves(dz_0, c_ptr, aux_ptr, offs_m, offs_e, M, N, BLOCK_M, EIGHTH)
+        _swiglu_bwd_halves(dz_1, c_ptr, aux_ptr, offs_m, offs_e + QUARTER, M, N, BLOCK_M, EIGHTH)
+        _swiglu_bwd_halves(dz_2, c_ptr, aux_ptr, offs_m, offs_e + HALF, M, N, BLOCK_M, EIGHTH)
+        _swiglu_bwd_halves(dz_3, c_ptr, aux_ptr, offs_m, offs_e + HALF + QUARTER, M, N, BLOCK_M,
+                           EIGHTH)
     else:
         offs_c = offs_m[:, None] * N + offs_n[None, :]
         if EPILOGUE == EPI_RESIDUAL:

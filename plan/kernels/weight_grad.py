@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from plan.kernels.adamw import adamw_tile, bias_corrections
-from plan.kernels.matmul import _accumulate, _tile_ids
+from plan.kernels.matmul import _accumulate, _col_halves, _tile_ids
 from plan.kernels.grid_dependency import await_previous_grid
 
 
@@ -37,7 +37,7 @@ def _dw_adamw(pid, a_ptr, b_ptr, p_ptr, w16_ptr, M, N, K, NPARAM, step_size, bc2
                     BLOCK_M, BLOCK_N, BLOCK_K)
     # the epilogue in two column halves: fewer tiles of P/M/V (and their addresses) live at once
     HALF: tl.constexpr = BLOCK_N // 2
-    g_lo, g_hi = tl.split(tl.permute(tl.reshape(g, (BLOCK_M, 2, HALF)), (0, 2, 1)))
+    g_lo, g_hi = _col_halves(g, BLOCK_M, HALF)
     offs_h = pid_n * BLOCK_N + tl.arange(0, HALF)
     _adamw_half(g_lo, offs_m, offs_h, p_ptr, w16_ptr, M, N, NPARAM, step_size, bc2_sqrt,
                 DECAY, BETA1, ONE_MINUS_BETA1, BETA2, ONE_MINUS_BETA2, EPS)
