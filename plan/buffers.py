@@ -74,9 +74,9 @@ def buffers(profile) -> dict[str, BufferSpec]:
         BufferSpec("emb", "fp32", (T, D), "gathered embedding rows E[inputs]"),
         BufferSpec("resid", "fp32", (S, T, D), "residual stream entering each norm site"),
         BufferSpec("rstd", "fp32", (S + 1, T), "1/rms per row: embed norm, then each norm site"),
-        BufferSpec("ssq", "fp32", (S, ssq_parts(tu, T, D), T), "per-row partial sums of squares "
-                   "of a norm site's residual, one per column tile of its producer (embed_fwd "
-                   "at site 0, out_proj at the MLP sites; residual_norm forms r from whole rows)"),
+        BufferSpec("ssq", "fp32", (L, ssq_parts(tu, T, D), T), "per-row partial sums of squares "
+                   "of each layer's residual after attention, one per out_proj column tile, for "
+                   "the MLP norm (the other norms form r from whole rows)"),
         BufferSpec("h16", "bf16", (S, T, D), "bf16 norm outputs (hf with g_final at the last)"),
         BufferSpec("rope", "fp32", (T, profile.head_dim), "rotary table [cos | sin] per row (embed_fwd)"),
         BufferSpec("qkv16", "bf16", (L, T, W), "q'|k'|v after rotary, per layer (matmul_rotary)"),

@@ -55,21 +55,17 @@ def _row_programs(ctx: Context) -> int:
     return cdiv(ctx.T, ctx.tu.rows)
 
 
-def embed_fwd(ctx: Context, *, ids, table, g, emb, rstd, x, ssq, rope, next_row,
+def embed_fwd(ctx: Context, *, ids, table, g, emb, rstd, x, h16, rstd0, rope, next_row,
               label: str) -> Launch:
-    """emb = E[ids], rstd, x = rmsnorm(emb)·g and its per-row partial sums of squares ssq (as
-    many parts as the residual products write); the rotary table and the next-row links."""
+    """emb = E[ids], rstd, x = rmsnorm(emb)·g, and the first attention norm of x (h16, rstd0);
+    the rotary table and the next-row links."""
     tu = ctx.tu
-    parts, block_d = ssq_parts(tu, ctx.T, ctx.D), next_pow2(ctx.D)
-    if block_d % parts or parts & (parts - 1):
-        raise ValueError(f"{label}: {parts} sum-of-squares parts do not split {block_d} columns; "
-                         "hint: a residual tile whose count over D is a power of two")
     return triton_launch("plan.kernels.norms", "embed_fwd", (_row_programs(ctx),),
                          {"ids_ptr": ids, "table_ptr": table, "g_ptr": g, "emb_ptr": emb,
-                          "rstd_ptr": rstd, "x_ptr": x, "ssq_ptr": ssq, "rope_ptr": rope,
-                          "next_ptr": next_row, "T": i32(ctx.T)},
-                         {"D": ctx.D, "HEAD_DIM": ctx.p.head_dim, "SSQ_PARTS": parts,
-                          "BLOCK_R": tu.rows, "BLOCK_D": block_d, "BLOCK_T": next_pow2(ctx.T)},
+                          "rstd_ptr": rstd, "x_ptr": x, "h16_ptr": h16, "rstd0_ptr": rstd0,
+                          "rope_ptr": rope, "next_ptr": next_row, "T": i32(ctx.T)},
+                         {"D": ctx.D, "HEAD_DIM": ctx.p.head_dim, "BLOCK_R": tu.rows,
+                          "BLOCK_D": next_pow2(ctx.D), "BLOCK_T": next_pow2(ctx.T)},
                          num_warps=tu.rows_warps, num_stages=1, label=label)
 
 

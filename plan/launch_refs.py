@@ -64,9 +64,10 @@ class Context:
         """The gradient of gain `name` ("g_embed", "g_final"), kept until embed_grad's update."""
         return self.slab("dgain", GAINS.index(name))
 
-    def ssq(self, site: int) -> BufferRef:
-        """The partial sums of squares (parts, T) of norm site `site`'s residual (resid slab)."""
-        return self.slab("ssq", site)
+    def ssq(self, layer: int) -> BufferRef:
+        """The partial sums of squares (parts, T) of layer `layer`'s residual after attention
+        (out_proj writes them, the MLP norm reads them)."""
+        return self.slab("ssq", layer)
 
     def rstd(self, site: int | None) -> BufferRef:
         """site None: the embed norm; else norm site s (2l attention, 2l+1 MLP, 2L final)."""
@@ -102,8 +103,7 @@ class LayerRefs:
     h16_mlp: BufferRef
     rstd_attn: BufferRef        # 1/rms per row (T,)
     rstd_mlp: BufferRef
-    ssq_attn: BufferRef         # per-row partial Σx² of resid_attn (parts, T): embed_fwd's, layer 0
-    ssq_mlp: BufferRef          # out_proj's, for the MLP norm
+    ssq_mlp: BufferRef          # per-row partial Σx² of resid_mlp (parts, T): out_proj's
     qkv16: BufferRef            # q'|k'|v after rotary (T, W) bf16
     o16: BufferRef              # attention output (T, H·d) bf16
     o32: BufferRef              # the same in fp32, for delta
@@ -136,7 +136,7 @@ def layer_refs(ctx: Context, layer: int) -> LayerRefs:
         resid_out=ctx.slab("resid", s_mlp + 1),
         h16_attn=ctx.slab("h16", s_attn), h16_mlp=ctx.slab("h16", s_mlp),
         rstd_attn=ctx.rstd(s_attn), rstd_mlp=ctx.rstd(s_mlp),
-        ssq_attn=ctx.ssq(s_attn), ssq_mlp=ctx.ssq(s_mlp),
+        ssq_mlp=ctx.ssq(layer),
         qkv16=ctx.slab("qkv16", layer), o16=ctx.slab("o16", layer), o32=ctx.slab("o32", layer),
         lse=ctx.slab("lse", layer), ab=ctx.slab("ab", layer), z16=ctx.slab("z16", layer),
         dab16=ctx.slab("dab16", layer), dqkv16=ctx.slab("dqkv16", layer),

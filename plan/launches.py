@@ -36,12 +36,9 @@ EPI_SWIGLU_BWD = meta.EPI_SWIGLU_BWD
 
 def _layer_forward(ctx: Context, ly: LayerRefs) -> list[Launch]:
     T, D, F, Hd = ctx.T, ctx.D, ctx.F, ctx.p.q_width
-    # the attention norm: layer 0's from embed_fwd's sums of squares, the others' written by the
-    # previous layer's residual_norm
-    first = [B.rmsnorm_rows(ctx, x=ly.resid_attn, ssq=ly.ssq_attn, h16=ly.h16_attn,
-                            rstd=ly.rstd_attn, label=ly.label("attention.norm"))] \
-        if ly.site_attn == 0 else []
-    return first + [
+    # the attention norm's rows: embed_fwd wrote layer 0's, the previous layer's residual_norm
+    # the others'
+    return [
         MM.matmul_rotary(ctx, h16=ly.h16_attn, w=ly.wqkv, qkv=ly.qkv16,
                          label=ly.label("qkv+rotary")),
         B.attention_fwd(ctx, qkv=ly.qkv16, o_part=ctx.buf("attn_o_part"),
@@ -80,7 +77,8 @@ def forward(ctx: Context) -> list[Launch]:
     last = norm_points(ctx.p) - 1
     out = [B.embed_fwd(ctx, ids=ctx.inputs(), table=ctx.param("embed"),
                        g=ctx.param("g_embed"), emb=ctx.buf("emb"), rstd=ctx.rstd(None),
-                       x=ctx.slab("resid", 0), ssq=ctx.ssq(0), rope=ctx.buf("rope"),
+                       x=ctx.slab("resid", 0), h16=ctx.slab("h16", 0), rstd0=ctx.rstd(0),
+                       rope=ctx.buf("rope"),
                        next_row=ctx.buf("next_row"),
                        label="embed")]
     for layer in range(ctx.p.layers):

@@ -101,8 +101,7 @@ def tuning(profile) -> Tuning:
 
 def ssq_parts(tu: Tuning, T: int, D: int) -> int:
     """Partial sums of squares per residual row: one per column tile of the T × D residual
-    products (out_proj, mlp down, plan/launch_matmul.matmul_residual), as their tile rule
-    chooses it; embed_fwd writes as many."""
+    product (out_proj, plan/launch_matmul.matmul_residual), as its tile rule chooses it."""
     return cdiv(D, choose_tile(tu, T, D)[1])
 
 

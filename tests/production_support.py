@@ -1285,7 +1285,8 @@ def _next_rows(ids: np.ndarray) -> np.ndarray:
 
 @oracle("embed_fwd")
 class _EmbedFwd:
-    """emb, rstd, x: the reference embed stage; rope: the reference rotary tables; next-row links."""
+    """emb, rstd, x: the reference embed stage; h16, rstd0: the reference rmsnorm of x (layer 0's
+    attention norm); rope: the reference rotary tables; next-row links."""
 
     def setup(self, case):
         T, D, d = case.scalar("T"), case.const("D"), case.const("HEAD_DIM")
@@ -1299,8 +1300,8 @@ class _EmbedFwd:
             types.SimpleNamespace(context=T, head_dim=d)), axis=1)
         for name, shape, tol in (("emb_ptr", (T, D), EXACT), ("rstd_ptr", (T,), T_ELEM),
                                  ("x_ptr", (T, D), T_ELEM), ("rope_ptr", (T, d), T_ELEM),
-                                 ("next_ptr", (T,), EXACT),
-                                 ("ssq_ptr", (case.const("SSQ_PARTS"), T), T_ELEM)):
+                                 ("next_ptr", (T,), EXACT), ("h16_ptr", (T, D), T_ULP),
+                                 ("rstd0_ptr", (T,), T_ELEM)):
             case.output(name, shape, tol)
 
     def programs(self, case):
@@ -1314,10 +1315,9 @@ class _EmbedFwd:
         yield "x_ptr", (rows,), e.x
         yield "rope_ptr", (rows,), case.cache["rope"][rows]
         yield "next_ptr", (rows,), case.cache["next"][rows]
-        parts, width = case.const("SSQ_PARTS"), case.const("BLOCK_D") // case.const("SSQ_PARTS")
-        x2 = np.zeros((e.x.shape[0], parts * width), np.float32)
-        x2[:, :e.x.shape[1]] = e.x * e.x
-        yield "ssq_ptr", (slice(0, parts), rows), x2.reshape(-1, parts, width).sum(-1).T
+        y, r0 = ref.rmsnorm(e.x)
+        yield "h16_ptr", (rows,), ref.bf16(y)
+        yield "rstd0_ptr", (rows,), r0
 
 
 class _Learner:

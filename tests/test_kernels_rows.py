@@ -92,8 +92,9 @@ def _links(s: Rows, ids: np.ndarray) -> torch.Tensor:
     nxt = poisoned((s.T,), torch.int32)
     embed_fwd[s.grid](_t(ids.view(np.int32)), _t(np.ones((s.V, s.D), np.float32)),
                       _t(np.ones(s.D, np.float32)), poisoned((s.T, s.D)), poisoned((s.T,)),
-                      poisoned((s.T, s.D)), poisoned((1, s.T)), poisoned((s.T, HEAD_DIM)), nxt, s.T,
-                      HEAD_DIM=HEAD_DIM, SSQ_PARTS=1, BLOCK_T=s.block_t, **s.norm)
+                      poisoned((s.T, s.D)), poisoned((s.T, s.D), torch.bfloat16),
+                      poisoned((s.T,)), poisoned((s.T, HEAD_DIM)), nxt, s.T,
+                      HEAD_DIM=HEAD_DIM, BLOCK_T=s.block_t, **s.norm)
     assert_written("next", nxt)
     return nxt
 
@@ -111,19 +112,20 @@ def test_embed_fwd_is_the_embed_stage_and_writes_the_rotary_table_and_links(shap
     ids[[r for r in (3, 40) if r < T]] = ids[T - 1]             # a chain ending at the last row
     rope = poisoned((T + 3, d))                                  # rows past T stay unwritten
     nxt = poisoned((T + 3,), torch.int32)
-    parts = 4                                                    # BLOCK_D / 4 columns each
-    ssq = poisoned((parts * T + 5,))                             # (parts, T), then spare words
-    embed_fwd[s.grid](_t(ids.view(np.int32)), _t(E), _t(g), emb, rstd, x, ssq, rope, nxt, T,
-                      HEAD_DIM=d, SSQ_PARTS=parts, BLOCK_T=s.block_t, **s.norm)
+    h16, rstd0 = poisoned((T + 3, D), torch.bfloat16), poisoned((T + 3,))   # rows past T unwritten
+    embed_fwd[s.grid](_t(ids.view(np.int32)), _t(E), _t(g), emb, rstd, x, h16, rstd0, rope, nxt,
+                      T, HEAD_DIM=d, BLOCK_T=s.block_t, **s.norm)
     for name, t in (("emb", emb), ("rstd", rstd), ("x", x), ("rope", rope[:T]), ("next", nxt[:T]),
-                    ("ssq", ssq[:parts * T])):
+                    ("h16", h16[:T]), ("rstd0", rstd0[:T])):
         assert_written(name, t)
-    assert_unwritten("embed_fwd's ssq past (parts, T)", ssq[parts * T:])
-    width, got_x = next_pow2(D) // parts, f32(x)                 # the sums are of what it stored
-    for c in range(parts):
-        cols = got_x[:, c * width:(c + 1) * width]
-        assert_close(f"ssq part {c}", f32(ssq[c * T:(c + 1) * T]), (cols * cols).sum(1),
-                     ELEMENTWISE)
+    assert_unwritten("embed_fwd's h16 rows past T", h16[T:])
+    assert_unwritten("embed_fwd's rstd0 past T", rstd0[T:])
+    # the first attention norm of the x it stored: r0 as rmsnorm's, h16 = bf(x·r0) from it
+    got_x = f32(x)
+    _, r0 = ref.rmsnorm(got_x)
+    assert_close("rstd0", f32(rstd0[:T]), r0, ELEMENTWISE)
+    assert_bitwise("h16 is bf(x·r0) of the stored r0", f32(h16[:T]),
+                   ref.bf16(got_x * f32(rstd0[:T])[:, None]))
     assert_unwritten("embed_fwd's rope rows past T", rope[T:])
     assert_unwritten("embed_fwd's links past T", nxt[T:])
     assert_bitwise("next-row links", nxt[:T].numpy(), _next_rows(ids))

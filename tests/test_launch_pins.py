@@ -16,8 +16,8 @@ from plan import launches, profiles
 
 # profile: (sha256 of the launch lists, launches per submission, distinct compiled entries)
 PINS = {
-    "coppelius": ("4117ec06c884d724064bd45d905459c2849d530d67deb45bc0fa511326827f4a", (82, 174, 81), 29),
-    "tiny": ("ace0f0d4b51ea13f359be112720c5d0d09dd45e096262db5c14cd78ed4974f5d", (26, 48, 25), 28),
+    "coppelius": ("9a9805a2a37ca9d251de2d9d6cdd0628e19996c15e2c10c77d76b437f91a0eb8", (81, 173, 80), 29),
+    "tiny": ("939a8224233e205cf262ac46c9b0b10bec16a06af7d47c94df5e9815683447ea", (25, 47, 24), 28),
 }
 
 

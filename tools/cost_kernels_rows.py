@@ -106,20 +106,20 @@ def _embed_fwd(v: View) -> Work:
     T, D, R, d = v.scalar("T"), v.c["D"], v.c["BLOCK_R"], v.c["HEAD_DIM"]
     P = v.programs
     # own ids (twice: gather and links) and all T ids (links) — from staging, or from the staged
-    # device copy (L2) — then the rows gathered (dependent), rmsnorm, the rope rows in float64
-    # (sin/cos ≈ 40 dependent ops)
+    # device copy (L2) — then the rows gathered (dependent), rmsnorm and the first attention norm
+    # (two row reductions), the rope rows in float64 (sin/cos ≈ 40 dependent ops)
     per = 2 * R * 4 + T * 4
     staged = "ids_ptr" in v.staging_args()
-    parts = v.c["SSQ_PARTS"]
     step = Step(load_bytes=R * D * 4 + D * 4 + (0 if staged else per),
-                store_bytes=2 * R * D * 4 + R * 4 + R * d * 4 + R * 4 + R * parts * 4,
-                mufu_ops=R, alu_ops=8 * R * D + 3 * R * T + 80 * R * d, phases=3, serial_ops=80,
+                store_bytes=2 * R * D * 4 + R * 4 + R * d * 4 + R * 4 + R * D * 2 + R * 4,
+                mufu_ops=2 * R, alu_ops=12 * R * D + 3 * R * T + 80 * R * d, phases=4,
+                serial_ops=80,
                 hbm_trips=1, staging_trips=1 if staged else 0, l2_trips=0 if staged else 1)
     ids = ((Staging("ids_ptr", read_bytes=P * per,
                     read_requests=P * (2 * lines(R * 4) + lines(T * 4)), unique_bytes=T * 4),)
            if staged else ())
     return Work((uniform(P, 1, step),),
-                hbm_bytes=T * D * 4 * 3 + D * 4 + T * 4 + T * d * 4 + T * 4 + T * parts * 4,
+                hbm_bytes=T * D * 4 * 3 + D * 4 + T * 4 + T * d * 4 + T * 4 + T * D * 2 + T * 4,
                 staging=ids)
 
 

@@ -1,10 +1,11 @@
 """Row norms: embedding gather + rmsnorm + gain (also the rotary table and next-row links), the
 rmsnorm backward, and the gain gradients (a
 fixed-order column reduction over rows: no atomics).  Every forward rmsnorm writes its bf16
-output once for the matmul that reads it: `rmsnorm_rows` at the MLP sites (and layer 0's
-attention site), r from the producer's partial sums of squares (`ssq_rstd`); `residual_norm`
-after each mlp down, which first adds the down's split-K partials to the residual, then forms
-r from the whole row (the next layer's attention norm, or the final norm with its gain).
+output once for the matmul that reads it: `rmsnorm_rows` at the MLP sites, r from out_proj's
+partial sums of squares (`ssq_rstd`); `embed_fwd` the first attention site's, and
+`residual_norm` after each mlp down, which first adds the down's split-K partials to the
+residual, then forms r from the whole row (the next layer's attention norm, or the final norm
+with its gain).
 
 One program owns BLOCK_R whole rows (BLOCK_D ≥ D covers a row), so every row statistic is a
 single in-register reduction.  y = x·r is recomputed from the saved x and r (same fp32 ops as the
@@ -65,15 +66,15 @@ def rmsnorm_rows(x_ptr, ssq_ptr, h16_ptr, rstd_ptr, T, D: tl.constexpr, SSQ_PART
 
 
 @triton.jit
-def embed_fwd(ids_ptr, table_ptr, g_ptr, emb_ptr, rstd_ptr, x_ptr, ssq_ptr, rope_ptr, next_ptr, T,
-              D: tl.constexpr, HEAD_DIM: tl.constexpr, SSQ_PARTS: tl.constexpr,
+def embed_fwd(ids_ptr, table_ptr, g_ptr, emb_ptr, rstd_ptr, x_ptr, h16_ptr, rstd0_ptr, rope_ptr,
+              next_ptr, T, D: tl.constexpr, HEAD_DIM: tl.constexpr,
               BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr,
               PDL: tl.constexpr = False):
-    """e = E[ids] (T, D) → emb = e, rstd = r(e), x = e·r·g (NUMERICS embed), and x's per-row sums
-    of squares in SSQ_PARTS column chunks of BLOCK_D / SSQ_PARTS (ssq (SSQ_PARTS, T): what the
-    first norm prologue adds up, as it does the matmul_residual tiles'); the rotary table
-    rope (T, d) = [cos | sin] of the same rows, which the qkv and attention-backward epilogues read;
-    and the next-row links (T,) int32 the embedding backward walks (BLOCK_T ≥ T)."""
+    """e = E[ids] (T, D) → emb = e, rstd = r(e), x = e·r·g (NUMERICS embed), and the first
+    attention norm of x: h16 = bf(x·r0) and rstd0 = r0 (the qkv product's rows, as residual_norm
+    writes the other layers'); the rotary table rope (T, d) = [cos | sin] of the same rows, which
+    the qkv and attention-backward epilogues read; and the next-row links (T,) int32 the
+    embedding backward walks (BLOCK_T ≥ T)."""
     await_previous_grid(PDL)
     offs_r, offs_d, mask_r, mask, offs = _row_block(T, D, BLOCK_R, BLOCK_D)
     ids = tl.load(ids_ptr + offs_r, mask=mask_r, other=0).to(tl.int32)
@@ -84,9 +85,9 @@ def embed_fwd(ids_ptr, table_ptr, g_ptr, emb_ptr, rstd_ptr, x_ptr, ssq_ptr, rope
     tl.store(rstd_ptr + offs_r, r, mask=mask_r)
     x = (e * r[:, None]) * g[None, :]
     tl.store(x_ptr + offs, x, mask=mask)
-    parts = tl.sum(tl.reshape(x * x, (BLOCK_R, SSQ_PARTS, BLOCK_D // SSQ_PARTS)), 2)
-    offs_p = tl.arange(0, SSQ_PARTS)
-    tl.store(ssq_ptr + offs_p[None, :] * T + offs_r[:, None], parts, mask=mask_r[:, None])
+    r0 = _rstd(x, D)
+    tl.store(h16_ptr + offs, (x * r0[:, None]).to(tl.bfloat16), mask=mask)
+    tl.store(rstd0_ptr + offs_r, r0, mask=mask_r)
     store_rope(rope_ptr, offs_r, T, HEAD_DIM)
     store_next_rows(ids_ptr, next_ptr, offs_r, T, BLOCK_T)
 
