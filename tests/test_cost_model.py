@@ -175,6 +175,30 @@ def test_hand_weight_grad_mlp_half_loops():
     _close(c.bounds_us["serial"]["central"], (64 * trip + 4 * epi + start) * US, "serial")
 
 
+def test_hand_residual_norm():
+    """Layer 0's residual_norm (issue 14 round 5): 4 rows per program (256 programs), the
+    residual and the mlp down's 4 split-K partials in, their sum, the next norm's bf16 rows and r
+    out — HBM-bound: every partial is charged as an HBM read, like the norm backward's."""
+    launch = UPDATE["layers.0.mlp.residual+norm"]
+    c = cm.cost(launch, buffers(PROD), {launch.kernel: cm.KernelStats(54, 4096, 128)})
+    # occupancy: 54 → 56 registers × 32 = 1,792 per warp → 9 warps per sub-partition → 36 → 9
+    # blocks of 4 warps; 256 programs on 1,188 slots: one round
+    assert (c.programs, c.per_sm, c.rounds) == (256, 9, 1)
+    T, D, R = 1024, 512, 4
+    hbm = T * D * 4 * (2 + 4) + T * D * 2 + T * 4                      # x, 4 parts, out; h16; r
+    _close(c.hbm_bytes, hbm, "hbm bytes")                               # 13.6 MB
+    _close(c.bounds_us["hbm"]["central"], hbm / 3.8e12 * US, "hbm")     # 3.59 µs
+    moved = (1 + 4) * R * D * 4 + R * D * (4 + 2) + R * 4               # 53,264 B per program
+    _close(c.l2_bytes, 256 * moved, "l2 bytes")
+    # one program: its bytes over the SM's L2 path against 4 rsqrt + 10 ALU ops per element, one
+    # phase and the first HBM miss
+    prog = max(moved / (48 * 1.98e9), 4 / (16 * 1.98e9) + 10 * R * D / (128 * 1.98e9)) \
+        + 0.04e-6 + 0.6e-6                                               # 1.20 µs
+    _close(c.bounds_us["serial"]["central"], prog * US, "serial")
+    assert c.binding["central"] == "hbm"
+    _close(c.us["central"], (hbm / 3.8e12 + 2.5e-6) * US, "central")    # 6.09 µs
+
+
 @pytest.mark.parametrize("profile", profiles.names())
 def test_every_launch_of_every_submission_is_costed(profile):
     p = profiles.get(profile)
