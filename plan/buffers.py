@@ -89,7 +89,8 @@ def buffers(profile) -> dict[str, BufferSpec]:
                    "summed in order by residual_norm (every layer reuses them)"),
         BufferSpec("logits", "fp32", (T, V), "head output"),
         BufferSpec("dlogits16", "bf16", (T, V), "bf((softmax − onehot)/T)"),
-        BufferSpec("dn", "fp32", (tu.dn_splits, T, D), "gradient at a norm output (dhf, dh): "
+        BufferSpec("dn", "fp32", (max(tu.dn_splits, tu.qkv_dh_splits), T, D),
+                   "gradient at a norm output (dhf, dh): "
                    "split-K partials, summed in order by the norm backward"),
         BufferSpec("dres", "fp32", (T, D), "residual-stream gradient"),
         # the weight-gradient launches run on the side lane, after later backward launches of the

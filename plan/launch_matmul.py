@@ -68,14 +68,16 @@ def matmul_residual(ctx: Context, *, a: BufferRef, b: BufferRef, x: BufferRef, o
 
 
 def matmul_into_norm(ctx: Context, *, a: BufferRef, b: BufferRef, dn: BufferRef, M: int, N: int,
-                     K: int, label: str, b_transposed: bool = False) -> Launch:
+                     K: int, label: str, b_transposed: bool = False,
+                     splits: int | None = None) -> Launch:
     """dn (splits, M, N) fp32 partials of bf(A) @ bf(B), K split in `dn_splits` ranges: the
     N = D products whose consumer is a norm (backward, or the forward's residual_norm after the
     mlp down) that adds the partials in split order:
     the largest tile (4× the FLOP per loaded byte of a 64×64 one) and enough K ranges to fill
-    the GPU instead of small tiles.  Without a split (dn_splits = 1), the usual tile rule."""
+    the GPU instead of small tiles (`splits` overrides dn_splits; the consumer reads the launch's
+    SPLIT_K).  Without a split (1), the usual tile rule."""
     tu = ctx.tu
-    splits = tu.dn_splits
+    splits = tu.dn_splits if splits is None else splits
     tiles = (tu.mm_tiles[0],) if splits > 1 else None      # unsplit: the usual tile rule
     if splits * M * N > ctx.bufs[dn.buffer].elements - dn.offset:
         raise ValueError(f"{label}: {splits} partials of {M}×{N} do not fit buffer {dn.buffer}")

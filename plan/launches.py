@@ -59,14 +59,16 @@ def _mlp_forward(ctx: Context, ly: LayerRefs) -> list[Launch]:
     site = ly.site_mlp + 1                                # the norm site above this layer
     final = site == norm_points(ctx.p) - 1
     parts = ctx.buf("down_part")
+    down = MM.matmul_into_norm(ctx, a=ly.z16, b=ly.wdown, dn=parts, M=T, N=D, K=F,
+                               b_transposed=True, label=ly.label("mlp.down"))
     return [
         B.rmsnorm_rows(ctx, x=ly.resid_mlp, ssq=ly.ssq_mlp, h16=ly.h16_mlp, rstd=ly.rstd_mlp,
                        label=ly.label("mlp.norm")),
         MM.matmul_swiglu(ctx, h16=ly.h16_mlp, wg=ly.wgate_up, wu=ly.wup, ab=ly.ab, z=ly.z16,
                          label=ly.label("mlp.swiglu")),
-        MM.matmul_into_norm(ctx, a=ly.z16, b=ly.wdown, dn=parts, M=T, N=D, K=F,
-                            b_transposed=True, label=ly.label("mlp.down")),
-        B.residual_norm(ctx, x=ly.resid_mlp, parts=parts, g=ctx.param("g_final") if final else None,
+        down,
+        B.residual_norm(ctx, x=ly.resid_mlp, parts=parts, splits=dict(down.constexprs)["SPLIT_K"],
+                        g=ctx.param("g_final") if final else None,
                         out=ly.resid_out, h16=ctx.slab("h16", site), rstd=ctx.rstd(site),
                         label=ly.label("mlp.residual+final_norm" if final else "mlp.residual+norm")),
     ]
@@ -121,16 +123,18 @@ def _loss_and_head_backward(ctx: Context, g: GradRefs) -> list[Launch]:
                            label="head_backward.dW+adamw"), dx),
         B.rmsnorm_bwd_gain(ctx, dy=g.dn, x=x_final, rstd=rstd_final, g=ctx.param("g_final"),
                            dx=g.dres, dx16=g.dres16[last], dg=ctx.gain_grad("g_final"),
-                           write_bf16=True, dy_parts=ctx.tu.dn_splits,
+                           write_bf16=True, dy_parts=dict(dx.constexprs)["SPLIT_K"],
                            label="final_norm_backward+dg"),
     ]
 
 
-def _norm_backward(ctx: Context, g: GradRefs, *, x, rstd, site: int, label: str) -> Launch:
-    """dres += rmsnorm_backward(Σ dn partials) at norm site `site`; dres16[site] = bf(dres)."""
+def _norm_backward(ctx: Context, g: GradRefs, dn: Launch, *, x, rstd, site: int,
+                   label: str) -> Launch:
+    """dres += rmsnorm_backward(Σ dn partials) at norm site `site`; dres16[site] = bf(dres); as
+    many partials as the product `dn` wrote."""
     return B.rmsnorm_bwd(ctx, dy=g.dn, x=x, rstd=rstd, g=g.no_gain, dx=g.dres,
                          dx16=g.dres16[site], has_gain=False, accumulate=True, write_bf16=True,
-                         dy_parts=ctx.tu.dn_splits, label=label)
+                         dy_parts=dict(dn.constexprs)["SPLIT_K"], label=label)
 
 
 def _mlp_backward(ctx: Context, ly: LayerRefs, g: GradRefs) -> list[Launch]:
@@ -145,7 +149,7 @@ def _mlp_backward(ctx: Context, ly: LayerRefs, g: GradRefs) -> list[Launch]:
         _dw(MM.weight_grad(ctx, products=[(dy16, ly.z16, ly.param("wdown"), D, F),
                                           (ly.dab16, ly.h16_mlp, ly.param("wgate"), 2 * F, D)],
                            label=ly.label("mlp_backward.dW+adamw")), dh),
-        _norm_backward(ctx, g, x=ly.resid_mlp, rstd=ly.rstd_mlp, site=ly.site_mlp,
+        _norm_backward(ctx, g, dh, x=ly.resid_mlp, rstd=ly.rstd_mlp, site=ly.site_mlp,
                        label=ly.label("mlp_backward.norm")),
     ]
 
@@ -154,7 +158,7 @@ def _attention_backward(ctx: Context, ly: LayerRefs, g: GradRefs) -> list[Launch
     D, W = ctx.D, ctx.W
     dy16 = g.dres16[ly.site_mlp]                     # the gradient at out_proj's output
     dh = MM.matmul_into_norm(ctx, a=ly.dqkv16, b=ly.wqkv, dn=g.dn, M=ctx.T, N=D, K=W,
-                             label=ly.label("qkv_backward.dh"))
+                             splits=ctx.tu.qkv_dh_splits, label=ly.label("qkv_backward.dh"))
     return [
         MM.matmul_delta(ctx, dres16=dy16, wo=ly.wo, do=g.do32, o32=ly.o32, delta=g.delta,
                         label=ly.label("out_proj_backward.do+delta")),
@@ -166,7 +170,7 @@ def _attention_backward(ctx: Context, ly: LayerRefs, g: GradRefs) -> list[Launch
         _dw(MM.weight_grad(ctx, products=[(dy16, ly.o16, ly.param("wo"), D, ctx.p.q_width),
                                           (ly.dqkv16, ly.h16_attn, ly.param("wq"), W, D)],
                            label=ly.label("attention_backward.dW+adamw")), dh),
-        _norm_backward(ctx, g, x=ly.resid_attn, rstd=ly.rstd_attn, site=ly.site_attn,
+        _norm_backward(ctx, g, dh, x=ly.resid_attn, rstd=ly.rstd_attn, site=ly.site_attn,
                        label=ly.label("attention_backward.norm")),
     ]
 

@@ -44,6 +44,7 @@ class Tuning:
     swiglu_bwd_tiles: tuple[tuple[int, int], ...] = ()   # SwiGLU-backward tiles ((): mm_tiles)
     dw_tile: tuple[int, int] = (128, 128)        # weight-gradient tiles (AdamW in the epilogue)
     dn_splits: int = 1                           # K splits of the products into a norm backward
+    qkv_dh_splits: int = 1                       # … of the qkv backward's dh (K = W) among them
     dw_programs: int = 64                        # programs of a side-lane weight-gradient launch
     decay_programs: int = 16                     # programs of embed_decay (E's absent rows, side lane)
     swiglu_tiles: tuple[tuple[int, int], ...] = ()   # SwiGLU-forward tiles ((): mm_tiles)
@@ -70,6 +71,10 @@ H200 = Tuning(mm_tiles=((128, 128), (128, 64), (64, 64)), mm_min_programs=120, m
               # N = 512 products into a norm backward: 32 tiles of 128×128 × 4 K ranges = 128
               # programs at 4× the FLOP per byte of the 64×64 tiles that reach 128 without a split
               dn_splits=4,
+              # the qkv backward's dh (K = W = 1024) in 2 K ranges: 64 programs fit beside the side
+              # lane's 65 and its norm backward reads 2 partials, not 4 (model: 1461 → 1446 µs
+              # central; 1 range: 1458; docs/PERFORMANCE.md, issue 14 round 5)
+              qkv_dh_splits=2,
               # the side lane's weight-gradient launches: at most 65 programs (1 block/SM), each
               # looping over its tiles, so the main lane keeps ≥ 67 SMs (tools/cost_model.py);
               # 65 because a layer's MLP half is 260 = 65 × 4 tiles (64 leaves 4 programs a fifth

@@ -164,3 +164,31 @@ def test_stage_in_copies_the_layouts_record_into_staged():
             first = sub.launches[0]
             assert first.arg("record_ptr").offset == SL.INPUTS
             assert first.arg("staged_ptr") == launches.BufferRef("staged", 0, "u32")
+
+
+# the split-K consumers and the constexpr that says how many partials they add
+_PARTS_OF = {"rmsnorm_bwd": ("dy_ptr", "DY_PARTS"), "rmsnorm_bwd_gain": ("dy_ptr", "DY_PARTS"),
+             "residual_norm": ("part_ptr", "PARTS")}
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_every_split_k_consumer_adds_as_many_partials_as_its_producer_wrote(name):
+    """A norm that adds split-K partials reads exactly the SPLIT_K its producer (the last launch
+    before it on its lane that wrote that buffer) used: one fewer and a K range is lost, one more
+    and it adds a stale partial — neither fails loudly on the GPU."""
+    checked = 0
+    for sub in launches.submissions(profiles.get(name)):
+        last_split = {}                                  # buffer → SPLIT_K of its last writer
+        for x in sub.launches:
+            args, c = dict(x.args), dict(x.constexprs)
+            if x.function in _PARTS_OF:
+                arg, const = _PARTS_OF[x.function]
+                buf = args[arg].buffer
+                if buf in last_split:                    # the backward gain norm of dres: none
+                    assert c[const] == last_split[buf], (
+                        f"{name} {sub.name} {x.label}: adds {c[const]} partials of {buf}, its "
+                        f"producer wrote {last_split[buf]}")
+                    checked += 1
+            if x.function == "matmul" and c.get("EPILOGUE") == meta.EPI_F32:
+                last_split[args["c_ptr"].buffer] = c["SPLIT_K"]
+    assert checked >= 3 * profiles.get(name).layers
