@@ -146,10 +146,11 @@ def matmul_rotary(ctx: Context, *, h16, w, qkv, label: str) -> Launch:
 def matmul_delta(ctx: Context, *, dres16, wo, do, o32, delta, label: str) -> Launch:
     """do = bf(dres) @ bf(Wo) (fp32) and delta = rowsum(do·o) per head in the epilogue; column
     tiles hold whole heads."""
-    p = ctx.p
+    p, tu = ctx.p, ctx.tu
     return _tiled(ctx, "matmul_delta",
                   {"a_ptr": dres16, "b_ptr": wo, "do_ptr": do, "o_ptr": o32, "delta_ptr": delta},
-                  {"HEAD_DIM": p.head_dim}, ctx.T, p.q_width, ctx.D, label, heads=p.head_dim)
+                  {"HEAD_DIM": p.head_dim}, ctx.T, p.q_width, ctx.D, label,
+                  tiles=tu.delta_tiles or None, heads=p.head_dim)
 
 
 def matmul_swiglu(ctx: Context, *, h16, wg, wu, ab, z, label: str) -> Launch:

@@ -48,6 +48,7 @@ class Tuning:
     dw_programs: int = 64                        # programs of a side-lane weight-gradient launch
     decay_programs: int = 16                     # programs of embed_decay (E's absent rows, side lane)
     swiglu_tiles: tuple[tuple[int, int], ...] = ()   # SwiGLU-forward tiles ((): mm_tiles)
+    delta_tiles: tuple[tuple[int, int], ...] = ()    # out_proj-backward dO + delta tiles
 
 
 H200 = Tuning(mm_tiles=((128, 128), (128, 64), (64, 64)), mm_min_programs=120, mm_block_k=64,
@@ -83,7 +84,11 @@ H200 = Tuning(mm_tiles=((128, 128), (128, 64), (64, 64)), mm_min_programs=120, m
               # the SwiGLU forward on the MLP norm's bf16 rows: 126 registers at 128×64, 2 blocks
               # per SM (344 tiles in 2 rounds); 128×128 takes 231 (1 block/SM; 31 µs more in the
               # model's graph), 64×128 128 and 64×64 78 but re-read the weights per 64 rows
-              swiglu_tiles=((128, 64), (64, 64)))
+              swiglu_tiles=((128, 64), (64, 64)),
+              # out_proj backward's dO + delta at 128×128: 32 programs that fit beside the side
+              # lane, each loading bf(dres) and Wo half as often as at 64×64 (model: 1446 → 1441
+              # µs central; docs/PERFORMANCE.md, issue 14 round 5)
+              delta_tiles=((128, 128),))
 # tiny keeps GPU-valid shapes (≤ 128 KiB shared memory: sm_80's 163 KiB and sm_90's 227 KiB hold
 # it) while the interpreter sees few programs: 128×128×128 matmul tiles, one stage.
 INTERPRETER = Tuning(mm_tiles=((128, 128),), mm_min_programs=1, mm_block_k=128, mm_warps=8,
