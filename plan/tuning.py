@@ -54,8 +54,10 @@ class Tuning:
 H200 = Tuning(mm_tiles=((128, 128), (128, 64), (64, 64)), mm_min_programs=120, mm_block_k=64,
               mm_warps=8, mm_stages=3, rows=4, rows_warps=4, attn_m=64, attn_n=64, attn_warps=4,
               # attention split (docs/PERFORMANCE.md, issue 14): ≤ 4 kv blocks per forward program
-              # (320 programs ≤ 528 slots at 4 per SM), ≤ 5 trips per dK/dV program (244 ≤ 264)
-              attn_fwd_chunk=4, attn_bwd_chunk=5,
+              # (320 programs ≤ 528 slots at 4 per SM); ≤ 12 trips per dK/dV program: 124
+              # programs at 2 per SM fit the 67 SMs the side lane leaves (5 trips: 244 programs,
+              # two rounds there; model 1441 → 1425 µs central, docs/PERFORMANCE.md issue 14 round 5)
+              attn_fwd_chunk=4, attn_bwd_chunk=12,
               ce_rows=1, ce_warps=16, adamw_block=2048, adamw_warps=8, vocab_block=16,
               vocab_warps=8,
               # 128 rows per gain-column trip: 8 unprefetched trips on its chain instead of 16

@@ -93,18 +93,19 @@ def test_hand_matmul_mlp_backward_dh():
 
 
 def test_hand_attention_backward_dkdv_chunks():
-    """attention_bwd (issue 14 item 4): the dK/dV work of each (kv block, kv head) — 2 query heads
-    × the query blocks from the diagonal — cut into chunks of ≤ 5 trips: 244 programs, all
-    resident at once; the total L2 traffic binds, just above the longest chunk's chain."""
+    """attention_bwd (issue 14 item 4; round 5's chunk): the dK/dV work of each (kv block, kv
+    head) — 2 query heads × the query blocks from the diagonal — cut into chunks of ≤ 12 trips:
+    120 programs, all resident at once (on fewer SMs than the side lane leaves); the longest
+    chunk's chain binds, above the total L2 traffic."""
     launch = UPDATE["layers.0.attention_backward"]
     c = cm.cost(launch, buffers(PROD), {launch.kernel: cm.KernelStats(192, 57856, 128)})
-    # chunks per kv block n: ⌈2·(16 − n) / 5⌉ = 7,6,6,6,5,5,4,4,4,3,3,2,2,2,1,1 (61) × 4 kv heads
-    assert c.programs == 61 * 4 == 244
+    # chunks per kv block n: ⌈2·(16 − n) / 12⌉ = 3,3,3,3,2,2,2,2,2,2,1,1,1,1,1,1 (30) × 4 kv heads
+    assert c.programs == 30 * 4 == 120
     # occupancy: 192 × 32 = 6144 per warp → 16384 // 6144 = 2 warps per sub-partition → 8 warps →
-    # 2 blocks (registers; shared 57,856 + 1,024 B would allow 3); 244 programs on 264 slots:
+    # 2 blocks (registers; shared 57,856 + 1,024 B would allow 3); 120 programs on 264 slots:
     # one round
     assert (c.per_sm, c.occupancy_limit, c.rounds) == (2, "registers", 1)
-    assert c.serial_iterations == 5
+    assert c.serial_iterations == 12
     dot = 2 * 64 * 64 * 64
     _close(c.flops, 4 * 2 * 136 * 4 * dot, "flops")                  # 1,088 trips of 4 dots
     sm = 640e12 / 132
@@ -114,18 +115,20 @@ def test_hand_attention_backward_dkdv_chunks():
     compute = 4 * dot / sm + 4096 / (16 * 1.98e9) + (10 * 4096 + 64 * 64) / (128 * 1.98e9)
     trip_bytes = 64 * 64 * 2 + 64 * 64 * 4 + 2 * 64 * 4 + 64 * 64 * 2
     trip = max(trip_bytes / (48 * 1.98e9), compute) + 5 * 0.04e-6                    # 0.9396 µs
-    # the longest program: kv block 13 (6 trips) chunk 0, 5 trips; its prologue/epilogue: k, v in
-    # (16 KB), the fp32 dk′|dv partial out (32 KB), the first load's latency, and the id decode:
-    # 13 kv blocks skipped × 5 dependent integer ops × 8 cycles
-    fixed = 49152 / (48 * 1.98e9) + 0.6e-6 + 13 * 5 * 8 / 1.98e9                     # 1.380 µs
-    _close(c.bounds_us["serial"]["central"], (5 * trip + fixed) * US, "serial")         # 6.08 µs
-    # L2: every program's bytes, 1,088 trips and 244 prologues/epilogues, at 7.5 TB/s
-    l2 = 1088 * trip_bytes + 244 * 49152                                              # 48.2 MB
+    # the longest program: kv block 10, its 12 trips in one chunk; its prologue/epilogue: k, v
+    # in (16 KB), the fp32 dk′|dv partial out (32 KB), the first load's latency, and the id
+    # decode: 10 kv blocks skipped × 5 dependent integer ops × 8 cycles
+    fixed = 49152 / (48 * 1.98e9) + 0.6e-6 + 10 * 5 * 8 / 1.98e9                     # 1.319 µs
+    serial = 12 * trip + fixed                                                        # 12.59 µs
+    _close(c.bounds_us["serial"]["central"], serial * US, "serial")
+    # L2: every program's bytes, 1,088 trips and 120 prologues/epilogues, at 7.5 TB/s
+    l2 = 1088 * trip_bytes + 120 * 49152                                              # 42.1 MB
     _close(c.l2_bytes, l2, "l2 bytes")
-    _close(c.bounds_us["l2"]["central"], l2 / 7.5e12 * US, "l2")                      # 6.43 µs
-    assert c.binding["central"] == "l2"
-    _close(c.us["central"], (l2 / 7.5e12 + 2.5e-6) * US, "central")                  # 8.93 µs
-    # today's (issue 14 before the split) 33.7 µs: 32 trips of kv block 0 in one program
+    _close(c.bounds_us["l2"]["central"], l2 / 7.5e12 * US, "l2")                      # 5.62 µs
+    assert c.binding["central"] == "serial"
+    _close(c.us["central"], (serial + 2.5e-6) * US, "central")                       # 15.09 µs
+    # at 5 trips (round 4): 244 programs, L2-bound at 8.93 µs alone, but two rounds on the 67 SMs
+    # the side lane leaves; before the split (issue 14): 33.7 µs, 32 trips of kv block 0
 
 
 def test_hand_weight_grad_attention_half():

@@ -16,7 +16,7 @@ from plan import launches, profiles
 
 # profile: (sha256 of the launch lists, launches per submission, distinct compiled entries)
 PINS = {
-    "coppelius": ("5369131a150b52c4c19acd225b6f6f5477968783ac01433d830ccbb39620bc32", (81, 173, 80), 31),
+    "coppelius": ("354be76d5474bbd530888c2cd6c7d25e723978239f8bb5a39789316ebc8815f2", (81, 173, 80), 31),
     "tiny": ("939a8224233e205cf262ac46c9b0b10bec16a06af7d47c94df5e9815683447ea", (25, 47, 24), 28),
 }
 
