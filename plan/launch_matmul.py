@@ -102,18 +102,19 @@ def _adjacent_parameters(ctx: Context, first: str, M: int, N: int) -> None:
                          f"parameters of width {N}; hint: name the product's first parameter")
 
 
-def weight_grad(ctx: Context, *, products, label: str) -> Launch:
+def weight_grad(ctx: Context, *, products, label: str, tile: tuple[int, int] = ()) -> Launch:
     """One launch: the weight gradients `products` — (dy16 (T, M), x16 (T, N), the first
     parameter's name, M, N) each, W (M, N) one or more adjacent parameters — with AdamW in their
     epilogue (P/M/V and w16).  At most `dw_programs` programs, each looping over the tiles
     pid, pid + programs, …: the side lane takes at most that many SMs from the main lane
-    (tools/cost_model.py).  Placed after the last launch that reads the old bf16 weights."""
+    (tools/cost_model.py).  Placed after the last launch that reads the old bf16 weights.
+    `tile`: (BLOCK_M, BLOCK_N), the tuning's `dw_tile` when empty."""
     tu, T = ctx.tu, ctx.T
     if not 1 <= len(products) <= 2:
         raise ValueError(f"{label}: weight_grad runs one or two products, got {len(products)}")
     if tu.dw_programs < 1:
         raise ValueError(f"{label}: dw_programs = {tu.dw_programs}; hint: at least one program")
-    bm, bn = tu.dw_tile
+    bm, bn = tile or tu.dw_tile
     args, dims, tiles = {}, {}, 0
     for j, (dy16, x16, name, M, N) in enumerate(products + products[:1] * (2 - len(products))):
         _adjacent_parameters(ctx, name, M, N)

@@ -148,7 +148,8 @@ def _mlp_backward(ctx: Context, ly: LayerRefs, g: GradRefs) -> list[Launch]:
         dh,
         _dw(MM.weight_grad(ctx, products=[(dy16, ly.z16, ly.param("wdown"), D, F),
                                           (ly.dab16, ly.h16_mlp, ly.param("wgate"), 2 * F, D)],
-                           label=ly.label("mlp_backward.dW+adamw")), dh),
+                           tile=ctx.tu.mlp_dw_tile, label=ly.label("mlp_backward.dW+adamw")),
+            dh),
         _norm_backward(ctx, g, dh, x=ly.resid_mlp, rstd=ly.rstd_mlp, site=ly.site_mlp,
                        label=ly.label("mlp_backward.norm")),
     ]

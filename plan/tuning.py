@@ -43,6 +43,7 @@ class Tuning:
     copy_block: int = 1024
     swiglu_bwd_tiles: tuple[tuple[int, int], ...] = ()   # SwiGLU-backward tiles ((): mm_tiles)
     dw_tile: tuple[int, int] = (128, 128)        # weight-gradient tiles (AdamW in the epilogue)
+    mlp_dw_tile: tuple[int, ...] = ()            # … of a layer's MLP half ((): dw_tile)
     dn_splits: int = 1                           # K splits of the products into a norm backward
     qkv_dh_splits: int = 1                       # … of the qkv backward's dh (K = W) among them
     dw_programs: int = 64                        # programs of a side-lane weight-gradient launch
@@ -71,6 +72,11 @@ H200 = Tuning(mm_tiles=((128, 128), (128, 64), (64, 64)), mm_min_programs=120, m
               # v: 226 registers at 128×128, no spill (1 block/SM; 128×64 takes 128 but moves 25 %
               # more L2 bytes per element)
               dw_tile=(128, 128),
+              # a layer's MLP half at 128×256 with the epilogue in column eighths: 4·11 + 43·2 =
+              # 130 = 65 × 2 tiles, each loading dy and x for twice the outputs (ptxas: 250
+              # registers, no spill; the head's dW spills at 128×256, so it keeps dw_tile).
+              # Model: 1425 → 1400 µs central (docs/PERFORMANCE.md, issue 14 round 5)
+              mlp_dw_tile=(128, 256),
               # N = 512 products into a norm backward: 32 tiles of 128×128 × 4 K ranges = 128
               # programs at 4× the FLOP per byte of the 64×64 tiles that reach 128 without a split
               dn_splits=4,

@@ -164,18 +164,21 @@ def test_hand_weight_grad_attention_half():
 
 
 def test_hand_weight_grad_mlp_half_loops():
-    """The MLP half: dWdown (512, 2752) and dWgate|up (5504, 512) are 4·22 + 43·4 = 260 tiles on
-    dw_programs = 65 programs: each runs 4 tiles after one doorbell read and one set of bias
-    corrections; the serial chain is a 4-tile program."""
+    """The MLP half at `mlp_dw_tile` = 128×256 (round 5): dWdown (512, 2752) and dWgate|up
+    (5504, 512) are 4·11 + 43·2 = 130 tiles on dw_programs = 65 programs: each runs 2 tiles after
+    one doorbell read and one set of bias corrections; the serial chain is a 2-tile program."""
     launch = UPDATE["layers.0.mlp_backward.dW+adamw"]
-    c = cm.cost(launch, buffers(PROD), {launch.kernel: cm.KernelStats(226, 98304, 256)})
-    assert (c.programs, c.serial_iterations) == (65, 4 * 16)
+    c = cm.cost(launch, buffers(PROD), {launch.kernel: cm.KernelStats(250, 147456, 256)})
+    assert (c.programs, c.per_sm, c.serial_iterations) == (65, 1, 2 * 16)
     sm, clk, path = 640e12 / 132, 1.98e9, 48 * 1.98e9
-    e = 128 * 128
-    trip = max(32768 / path, 2 * e * 64 / sm) + 0.04e-6
+    e = 128 * 256
+    # a trip: 128×64 + 64×256 bf16 in (48 KB), 2·128·256·64 FLOP (tensor-bound), one wgmma wait
+    trip = max(49152 / path, 2 * e * 64 / sm) + 0.04e-6                              # 0.905 µs
     epi = max(26 * e / path, 3 * e / (16 * clk) + 40 * e / (128 * clk)) + 0.04e-6 + 0.6e-6
     start = 120 * 8 / clk + 0.25e-6
-    _close(c.bounds_us["serial"]["central"], (64 * trip + 4 * epi + start) * US, "serial")
+    _close(c.bounds_us["serial"]["central"], (32 * trip + 2 * epi + start) * US, "serial")
+    # L2: 130 tiles' operands (1024 × (128 + 256) bf16 each) and P/M/V/w16 epilogues
+    _close(c.l2_bytes, 130 * (1024 * 384 * 2 + 26 * e), "l2 bytes")
 
 
 def test_hand_residual_norm():

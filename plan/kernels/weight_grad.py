@@ -35,13 +35,40 @@ def _dw_adamw(pid, a_ptr, b_ptr, p_ptr, w16_ptr, M, N, K, NPARAM, step_size, bc2
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     g = _accumulate(a_ptr, b_ptr, offs_m, offs_n, M, N, K, 0, K, True, False,
                     BLOCK_M, BLOCK_N, BLOCK_K)
-    # the epilogue in two column halves: fewer tiles of P/M/V (and their addresses) live at once
+    # the epilogue in column eighths: fewer tiles of P/M/V (and their addresses) live at once
+    # (coppelius sm_90a: 128×128 in halves 236–248 registers, in eighths 158–178; 128×256 in
+    # eighths 250 — docs/PERFORMANCE.md, issue 14 round 5)
     HALF: tl.constexpr = BLOCK_N // 2
+    QUARTER: tl.constexpr = BLOCK_N // 4
+    EIGHTH: tl.constexpr = BLOCK_N // 8
     g_lo, g_hi = _col_halves(g, BLOCK_M, HALF)
-    offs_h = pid_n * BLOCK_N + tl.arange(0, HALF)
-    _adamw_half(g_lo, offs_m, offs_h, p_ptr, w16_ptr, M, N, NPARAM, step_size, bc2_sqrt,
+    g_0, g_1 = _col_halves(g_lo, BLOCK_M, QUARTER)
+    g_2, g_3 = _col_halves(g_hi, BLOCK_M, QUARTER)
+    offs_e = pid_n * BLOCK_N + tl.arange(0, EIGHTH)              # an eighth's columns
+    _adamw_halves(g_0, offs_m, offs_e, p_ptr, w16_ptr, M, N, NPARAM, step_size, bc2_sqrt,
+                  DECAY, BETA1, ONE_MINUS_BETA1, BETA2, ONE_MINUS_BETA2, EPS, BLOCK_M, EIGHTH)
+    _adamw_halves(g_1, offs_m, offs_e + QUARTER, p_ptr, w16_ptr, M, N, NPARAM, step_size,
+                  bc2_sqrt, DECAY, BETA1, ONE_MINUS_BETA1, BETA2, ONE_MINUS_BETA2, EPS, BLOCK_M,
+                  EIGHTH)
+    _adamw_halves(g_2, offs_m, offs_e + HALF, p_ptr, w16_ptr, M, N, NPARAM, step_size,
+                  bc2_sqrt, DECAY, BETA1, ONE_MINUS_BETA1, BETA2, ONE_MINUS_BETA2, EPS, BLOCK_M,
+                  EIGHTH)
+    _adamw_halves(g_3, offs_m, offs_e + HALF + QUARTER, p_ptr, w16_ptr, M, N, NPARAM, step_size,
+                  bc2_sqrt, DECAY, BETA1, ONE_MINUS_BETA1, BETA2, ONE_MINUS_BETA2, EPS, BLOCK_M,
+                  EIGHTH)
+
+
+@triton.jit
+def _adamw_halves(g, offs_m, offs_n, p_ptr, w16_ptr, M, N, NPARAM, step_size, bc2_sqrt,
+                  DECAY: tl.constexpr, BETA1: tl.constexpr, ONE_MINUS_BETA1: tl.constexpr,
+                  BETA2: tl.constexpr, ONE_MINUS_BETA2: tl.constexpr, EPS: tl.constexpr,
+                  BLOCK_M: tl.constexpr, HALF: tl.constexpr):
+    """_adamw_half on the two column halves of g (BLOCK_M, 2·HALF); offs_n (HALF,) the first
+    half's columns."""
+    lo, hi = _col_halves(g, BLOCK_M, HALF)
+    _adamw_half(lo, offs_m, offs_n, p_ptr, w16_ptr, M, N, NPARAM, step_size, bc2_sqrt,
                 DECAY, BETA1, ONE_MINUS_BETA1, BETA2, ONE_MINUS_BETA2, EPS)
-    _adamw_half(g_hi, offs_m, offs_h + HALF, p_ptr, w16_ptr, M, N, NPARAM, step_size, bc2_sqrt,
+    _adamw_half(hi, offs_m, offs_n + HALF, p_ptr, w16_ptr, M, N, NPARAM, step_size, bc2_sqrt,
                 DECAY, BETA1, ONE_MINUS_BETA1, BETA2, ONE_MINUS_BETA2, EPS)
 
 
