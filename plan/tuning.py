@@ -96,7 +96,11 @@ H200 = Tuning(mm_tiles=((128, 128), (128, 64), (64, 64)), mm_min_programs=120, m
               # out_proj backward's dO + delta at 128×128: 32 programs that fit beside the side
               # lane, each loading bf(dres) and Wo half as often as at 64×64 (model: 1446 → 1441
               # µs central; docs/PERFORMANCE.md, issue 14 round 5)
-              delta_tiles=((128, 128),))
+              delta_tiles=((128, 128),),
+              # E's absent rows on 32 programs beside the forward (16: 48 serial block trips, 152
+              # µs on 16 SMs; 32: half the chain on 32 SMs; model 1400 → 1397 µs central, 24:
+              # 1398; docs/PERFORMANCE.md, issue 14 round 5)
+              decay_programs=32)
 # tiny keeps GPU-valid shapes (≤ 128 KiB shared memory: sm_80's 163 KiB and sm_90's 227 KiB hold
 # it) while the interpreter sees few programs: 128×128×128 matmul tiles, one stage.
 INTERPRETER = Tuning(mm_tiles=((128, 128),), mm_min_programs=1, mm_block_k=128, mm_warps=8,

@@ -16,7 +16,7 @@ from plan import launches, profiles
 
 # profile: (sha256 of the launch lists, launches per submission, distinct compiled entries)
 PINS = {
-    "coppelius": ("308786e7d58cfb1ba6239d83a932082ffccc5c381874ec202e846898321f3584", (81, 173, 80), 32),
+    "coppelius": ("8c8bc1cab3027418c4c0afa7b9151704f412e99a602ec990fbe0840f3fb63fc0", (81, 173, 80), 32),
     "tiny": ("939a8224233e205cf262ac46c9b0b10bec16a06af7d47c94df5e9815683447ea", (25, 47, 24), 28),
 }
 
