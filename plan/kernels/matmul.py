@@ -95,6 +95,16 @@ def _col_halves(x, BLOCK_M: tl.constexpr, HALF: tl.constexpr):
 
 
 @triton.jit
+def _col_quarters(x, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The four column quarters (BLOCK_M, BLOCK_N / 4) of a tile x (BLOCK_M, BLOCK_N), left to
+    right: an epilogue that works on eighths takes each quarter's two halves in turn."""
+    lo, hi = _col_halves(x, BLOCK_M, BLOCK_N // 2)
+    q0, q1 = _col_halves(lo, BLOCK_M, BLOCK_N // 4)
+    q2, q3 = _col_halves(hi, BLOCK_M, BLOCK_N // 4)
+    return q0, q1, q2, q3
+
+
+@triton.jit
 def _swiglu_bwd_halves(dz, c_ptr, aux_ptr, offs_m, offs_n, M, N, BLOCK_M: tl.constexpr,
                        HALF: tl.constexpr):
     """_swiglu_bwd_cols on the two column halves of dz (BLOCK_M, 2·HALF); offs_n (HALF,) the
@@ -159,9 +169,7 @@ def matmul(a_ptr, b_ptr, c_ptr, aux_ptr, M, N, K,
         HALF: tl.constexpr = BLOCK_N // 2
         QUARTER: tl.constexpr = BLOCK_N // 4
         EIGHTH: tl.constexpr = BLOCK_N // 8
-        dz_lo, dz_hi = _col_halves(acc, BLOCK_M, HALF)
-        dz_0, dz_1 = _col_halves(dz_lo, BLOCK_M, QUARTER)
-        dz_2, dz_3 = _col_halves(dz_hi, BLOCK_M, QUARTER)
+        dz_0, dz_1, dz_2, dz_3 = _col_quarters(acc, BLOCK_M, BLOCK_N)
         offs_e = pid_n * BLOCK_N + tl.arange(0, EIGHTH)              # an eighth's columns
         _swiglu_bwd_halves(dz_0, c_ptr, aux_ptr, offs_m, offs_e, M, N, BLOCK_M, EIGHTH)
         _swiglu_bwd_halves(dz_1, c_ptr, aux_ptr, offs_m, offs_e + QUARTER, M, N, BLOCK_M, EIGHTH)

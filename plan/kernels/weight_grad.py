@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from plan.kernels.adamw import adamw_tile, bias_corrections
-from plan.kernels.matmul import _accumulate, _col_halves, _tile_ids
+from plan.kernels.matmul import _accumulate, _col_halves, _col_quarters, _tile_ids
 from plan.kernels.grid_dependency import await_previous_grid
 
 
@@ -41,9 +41,7 @@ def _dw_adamw(pid, a_ptr, b_ptr, p_ptr, w16_ptr, M, N, K, NPARAM, step_size, bc2
     HALF: tl.constexpr = BLOCK_N // 2
     QUARTER: tl.constexpr = BLOCK_N // 4
     EIGHTH: tl.constexpr = BLOCK_N // 8
-    g_lo, g_hi = _col_halves(g, BLOCK_M, HALF)
-    g_0, g_1 = _col_halves(g_lo, BLOCK_M, QUARTER)
-    g_2, g_3 = _col_halves(g_hi, BLOCK_M, QUARTER)
+    g_0, g_1, g_2, g_3 = _col_quarters(g, BLOCK_M, BLOCK_N)
     offs_e = pid_n * BLOCK_N + tl.arange(0, EIGHTH)              # an eighth's columns
     _adamw_halves(g_0, offs_m, offs_e, p_ptr, w16_ptr, M, N, NPARAM, step_size, bc2_sqrt,
                   DECAY, BETA1, ONE_MINUS_BETA1, BETA2, ONE_MINUS_BETA2, EPS, BLOCK_M, EIGHTH)
