@@ -44,7 +44,7 @@ class Tuning:
     swiglu_bwd_tiles: tuple[tuple[int, int], ...] = ()   # SwiGLU-backward tiles ((): mm_tiles)
     dw_tile: tuple[int, int] = (128, 128)        # weight-gradient tiles (AdamW in the epilogue)
     mlp_dw_tile: tuple[int, ...] = ()            # … of a layer's MLP half ((): dw_tile)
-    dn_splits: int = 1                           # K splits of the products into a norm backward
+    dn_splits: int = 1                           # K splits of the N = D products into a norm
     qkv_dh_splits: int = 1                       # … of the qkv backward's dh (K = W) among them
     dw_programs: int = 64                        # programs of a side-lane weight-gradient launch
     decay_programs: int = 16                     # programs of embed_decay (E's absent rows, side lane)

@@ -143,7 +143,7 @@ def _swiglu_reference(M, D, F):
     return x, wg, wu, wd, ref.mlp(x, wg, wu, wd)
 
 
-def _check_prologue(h16, rstd, x):
+def _check_norm_rows(h16, rstd, x):
     """The norm a row launch stored: rstd as rmsnorm's r, h16 = bf(x·r) bit for bit from it."""
     assert_written("h16", h16)
     assert_written("rstd", rstd)
@@ -172,7 +172,7 @@ def test_matmul_swiglu_on_the_norm_rows_is_the_mlp_stage(shape):
     M, F, D = SHAPES[shape]                           # D = 2.5 K blocks: masked K chunks
     x, wg, wu, wd, m = _swiglu_reference(M, D, F)
     h16, rstd = _norm_rows(x, _ssq(x))
-    _check_prologue(h16, rstd, x)
+    _check_norm_rows(h16, rstd, x)
     ab = poisoned((M, 2 * F), torch.bfloat16)
     z = poisoned((M, F), torch.bfloat16)
     matmul_swiglu[_grid(M, F)](h16, bf16_tensor(wg), bf16_tensor(wu), ab, z, M, F, D, **BLOCKS)

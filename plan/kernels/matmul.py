@@ -9,9 +9,9 @@ so `h @ Wᵀ` is (A_T=0, B_T=1), `dY @ W` is (0, 0) and the weight gradient `dY�
 the bf16 output of a `rmsnorm_rows` launch (plan/kernels/norms.py; as the head reads the final
 norm's): its 43 column tiles of 64 would each re-read the fp32 rows in a fused prologue.
 `matmul_rotary` is the qkv product with rotary in its epilogue (bf16 q'|k'|v out, no fp32 scratch),
-on the bf16 rows of the attention norm: `residual_norm_rows` (after the previous layer's split
-mlp down) or `rmsnorm_rows` (layer 0) wrote them once, where a fused prologue read the fp32 rows
-once per column tile (issue 14 round 5).
+on the bf16 rows of the attention norm: `residual_norm` (after the previous layer's split mlp
+down) or `embed_fwd` (layer 0) wrote them once, where a fused prologue read the fp32 rows once per
+column tile (issue 14 round 5).
 `matmul_residual` (out_proj) also writes per-row partial sums of squares for the MLP norm.
 `matmul_delta` is out_proj_backward's dO product that also forms delta = rowsum(dO·o) per head.
 The epilogues fuse what used to be separate launches with the same fp32 operations in the same
