@@ -13,10 +13,10 @@ after that is never freed (process exit frees it).
 """
 from __future__ import annotations
 
-import math
+import dataclasses
 import time
 import warnings
-from dataclasses import dataclass, field
+from pathlib import Path
 
 from plan import launch_graph as _graph
 from plan import launches as _launches
@@ -24,9 +24,11 @@ from staging import layout as SL
 from staging import records as R
 from staging.views import StagingViews, poison
 
+from . import cuda_timing
 from . import driver as drv
 from . import ptx
 from .backend import Backend, BackendUnavailable, DeviceError, DeviceInfo
+from .cuda_timing import TIMING_LEAD_MAX, TIMING_LEAD_MIN, SubmissionTiming  # noqa: F401  (API)
 
 DRAIN_TIMEOUT_S = 10.0      # close waits this long for issued work before leaving memory to exit
 DRAIN_POLL_S = 1e-3
@@ -36,32 +38,19 @@ SHARED_HINT = ("the sm_80 kernels need up to 98,304 B of shared memory per block
                "(README: which GPUs run)")
 THREADS_HINT = ("the JIT gave it more registers than that many threads can hold; "
                 "`coppelius doctor` lists the registers per function")
+# the hand-written kernel that does nothing (one thread, no parameters): the device check's
+# experiment replaces the side lane's launches with it (`noop_side_lane`); never in a run
+NOOP_PTX = Path(_launches.__file__).resolve().parent / "kernels" / "noop.ptx"
+NOOP_ENTRY = "noop"
+NOOP_GRID = (1, 1, 1)
 
 
-TIMING_LEAD_MIN = 2         # graph replays queued ahead of a timed launch list (at least) ...
-TIMING_LEAD_MAX = 32        # ... and at most (a host far slower than the device gains nothing more)
-
-
-@dataclass
-class SubmissionTiming:
-    """One submission timed two ways, `repeats` times: launch by launch outside its graph (an
-    event between launches) and as one graph replay (an event either side)."""
-    labels: tuple[str, ...]                 # (launches,) the plan's stage names
-    kernels: tuple[str, ...]                # (launches,) manifest entries
-    launch_us: list = field(default_factory=list)    # (repeats, launches) event to next event
-    graph_us: list = field(default_factory=list)     # (repeats,) one graph replay
-    enqueue_us: list = field(default_factory=list)   # (repeats,) host time to enqueue the list
-    lead_us: list = field(default_factory=list)      # (repeats,) device time queued ahead of it
-    lead: int = TIMING_LEAD_MIN             # graph replays queued ahead, after the warm-up
-    programmatic_edges: int = 0             # edges of the timed graph captured programmatically
-    full_edges_graph_us: list = field(default_factory=list)  # (repeats,) recaptured, all full
-    pdl_refused: str | None = None          # the driver's refusal of programmatic edges, if any
-
-    @property
-    def starved(self) -> int:
-        """Repeats where the host took longer to enqueue the list than the device had queued
-        ahead: their launch times may hold host time (the device waited for the next launch)."""
-        return sum(e > lead + g for e, lead, g in zip(self.enqueue_us, self.lead_us, self.graph_us))
+@dataclasses.dataclass(frozen=True)
+class _CapturePlan:
+    """One submission's capture under the backend's options, per launch (list order)."""
+    lanes: tuple                    # the stream it is captured on (MAIN_LANE or SIDE_LANE)
+    launches: tuple                 # (kernel, packed parameters, grid)
+    programmatic: tuple             # its edge to its lane's previous launch may be programmatic
 
 
 class ProgrammaticLaunchRefused(RuntimeWarning):
@@ -111,15 +100,23 @@ class CudaBackend(Backend):
     name = "cuda"
     code = R.BACKEND_CUDA
 
-    def __init__(self, profile, device: drv.Device | None = None, pdl: bool = True):
-        """`pdl`: capture the launches the plan allows with programmatic edges to their lane's
-        previous launch (plan/launch_graph.programmatic) where the loaded kernel was built to wait
-        for it (sm_90a); False captures every edge in full (tools/gpu_check_launches.py times
-        both)."""
+    def __init__(self, profile, device: drv.Device | None = None, pdl: bool = True,
+                 one_lane: bool = False, noop_side_lane: bool = False):
+        """Capture options (read at each `instantiate`; a run uses the defaults): `pdl`: the
+        launches the plan allows get programmatic edges to their lane's previous launch
+        (plan/launch_graph.programmatic) where the loaded kernel was built to wait for it
+        (sm_90a); False captures every edge in full.  `one_lane`: every launch on one stream in
+        list order (a valid order: every edge points back), the side lane's overlap given up.
+        `noop_side_lane`: each side-lane launch replaced by one launch of the no-op kernel
+        (NOOP_PTX), its edges kept: the graph without the side lane's work.  The last two are
+        the device check's experiments (tools/gpu_check_launches.py) and change the results."""
         super().__init__(profile)
         self.pdl = pdl
+        self.one_lane = one_lane
+        self.noop_side_lane = noop_side_lane
         self.pdl_refused: str | None = None             # the driver's refusal, if it refused
         self.programmatic_edges: dict[int, int] = {}    # submission → edges captured so, last capture
+        self._noop: drv.Kernel | None = None
         self._closers = []
         self._graphs: list[drv.Graph] = []
         self._snapshot: drv.DeviceBuffer | None = None
@@ -213,20 +210,21 @@ class CudaBackend(Backend):
         return kernel, kernel.pack(values)
 
     def instantiate(self, t_base: int) -> None:
-        """Capture and instantiate every submission's graph.  If the driver refuses the capture
-        with programmatic edges, capture again with every edge full: the same launches and bits,
-        only the launch overlap is lost; a ProgrammaticLaunchRefused warning names the refusal
-        and `pdl_refused` keeps it (doctor and the device check report it).  A refusal of the
-        full-edge capture too is the error."""
+        """Capture and instantiate every submission's graph.  If the capture with programmatic
+        edges fails — whatever the failure: the driver's refusal, or the bindings' — capture again
+        with every edge full: the same launches and bits, only the launch overlap is lost; a
+        ProgrammaticLaunchRefused warning names the failure and `pdl_refused` keeps it (doctor and
+        the device check report it).  A failure of the full-edge capture too is the error."""
         try:
             self._instantiate(t_base)
-        except drv.DriverError as e:
+        except Exception as e:
             if not self.pdl:
                 raise
-            self.pdl, self.pdl_refused = False, str(e)
+            why = str(e) if isinstance(e, drv.DriverError) else f"{type(e).__name__}: {e}"
+            self.pdl, self.pdl_refused = False, why
             self._instantiate(t_base)
             warnings.warn(f"cuda backend: the driver refused the graphs with programmatic edges "
-                          f"({e}); captured with every edge full", ProgrammaticLaunchRefused,
+                          f"({why}); captured with every edge full", ProgrammaticLaunchRefused,
                           stacklevel=2)
 
     def _instantiate(self, t_base: int) -> None:
@@ -238,23 +236,47 @@ class CudaBackend(Backend):
         for sub in self._submissions:
             launches = [self.packed(launch, t_base) + (launch.grid,) for launch in sub.launches]
             self._params.append(launches)
+            plan = self._capture_plan(sub, launches)
 
             # one ordering event per launch another lane waits for, made before the capture
             # (capture turns its record/wait into edges; the graph keeps no event)
-            lanes = [x.lane for x in sub.launches]
             marks: dict[int, drv.Event] = {}
 
-            def record(stream, launches=launches, sub=sub, marks=marks):
-                self._record_lanes(stream, sub, launches, marks)
+            def record(stream, sub=sub, plan=plan, marks=marks):
+                self._record_lanes(stream, sub, plan, marks)
 
             try:
                 for j in sorted({j for i, ds in enumerate(sub.deps) for j in ds
-                                 if lanes[j] != lanes[i]}):
+                                 if plan.lanes[j] != plan.lanes[i]}):
                     marks[j] = drv.Event(timing=False)
                 self._graphs.append(drv.Graph(self.dev, record))
             finally:
                 for e in marks.values():
                     e.close()
+
+    def _capture_plan(self, sub, launches) -> "_CapturePlan":
+        """What the capture enqueues under the capture options: per launch its lane, the kernel,
+        parameters and grid, and whether its lane edge may be programmatic."""
+        shown = list(sub.launches)
+        if self.noop_side_lane:     # a hand-written kernel: no programmatic edge into or out of it
+            shown = [dataclasses.replace(x, function=_launches.RELEASE)
+                     if x.lane == _launches.SIDE_LANE else x for x in shown]
+            noop = self._noop_kernel()
+            launches = [(noop, noop.pack([]), NOOP_GRID) if x.lane == _launches.SIDE_LANE else l
+                        for x, l in zip(sub.launches, launches)]
+        if self.one_lane:
+            shown = [dataclasses.replace(x, lane=_launches.MAIN_LANE) for x in shown]
+        return _CapturePlan(tuple(x.lane for x in shown), tuple(launches),
+                            _graph.programmatic(shown))
+
+    def _noop_kernel(self) -> drv.Kernel:
+        """The no-op kernel (NOOP_PTX), JIT-loaded on first use."""
+        if self._noop is None:
+            module = drv.Module(NOOP_PTX.read_bytes(), "plan/kernels/noop.ptx")
+            self._closers.append(module)
+            self._noop = drv.Kernel(module.function(NOOP_ENTRY), NOOP_ENTRY, [], threads=1,
+                                    shared=0)
+        return self._noop
 
     def _lane_streams(self, stream: drv.Stream) -> dict[int, drv.Stream]:
         """The capturing stream for the main lane, a stream of our own for the side lane."""
@@ -263,21 +285,21 @@ class CudaBackend(Backend):
             self._closers.append(self._side_stream)
         return {_launches.MAIN_LANE: stream, _launches.SIDE_LANE: self._side_stream}
 
-    def _record_lanes(self, stream: drv.Stream, sub, launches, marks: dict) -> None:
+    def _record_lanes(self, stream: drv.Stream, sub, plan: "_CapturePlan", marks: dict) -> None:
         """Enqueue a submission's launches during capture so that the graph has exactly the
         plan's edges (plan/launch_graph.py, `sub.deps`): each lane's launches in order on its own
         stream; a cross-lane edge j → i is event marks[j] recorded on j's stream right after j
         and waited on by i's stream just before i.  The final launch is on the main lane and
-        waits for the side lane's last launch, so the capture ends joined."""
+        waits for the side lane's last launch, so the capture ends joined.  On one lane the
+        stream's order holds every edge (each points back in the list)."""
         streams = self._lane_streams(stream)
-        allowed = _graph.programmatic(sub.launches)
         self.programmatic_edges[sub.index] = 0
-        for i, (kernel, params, grid) in enumerate(launches):
-            on = streams[sub.launches[i].lane]
+        for i, (kernel, params, grid) in enumerate(plan.launches):
+            on = streams[plan.lanes[i]]
             for j in sub.deps[i]:
-                if j in marks and sub.launches[j].lane != sub.launches[i].lane:
+                if j in marks and plan.lanes[j] != plan.lanes[i]:
                     on.wait(marks[j])
-            overlap = self.pdl and allowed[i] and kernel.pdl
+            overlap = self.pdl and plan.programmatic[i] and kernel.pdl
             kernel.launch(on, grid, params, programmatic=overlap)
             self.programmatic_edges[sub.index] += overlap
             if i in marks:
@@ -288,56 +310,16 @@ class CudaBackend(Backend):
 
     def time_submission(self, submission: int, repeats: int,
                         lead: int = TIMING_LEAD_MIN) -> SubmissionTiming:
-        """Replay an instantiated submission's launch list outside its graph with an event between
-        launches, and its graph between two events, `repeats` times after one warm-up repeat.
+        """The launch list outside its graph and the graph (host/cuda_timing.py)."""
+        return cuda_timing.time_submission(self, submission, repeats, lead)
 
-        Graph replays are queued ahead of each timed list (`lead` of them, more if the warm-up
-        shows the host needs longer to enqueue the list), so the device is still busy while the
-        host enqueues: an event-to-event time is then the launch and its gap to the next, not
-        host time (`SubmissionTiming.starved` counts the repeats where that did not hold).  The
-        work is really done each time (an update trains), so the buffers must hold a state a
-        forward submission left; the run's results are not what this is for."""
-        if repeats < 1:
-            raise ValueError(f"repeats must be at least 1, got {repeats}")
-        graph, launches = self._graphs[submission], self._params[submission]
-        sub = self._submissions[submission]
-        timing = SubmissionTiming(tuple(x.label for x in sub.launches),
-                                  tuple(x.kernel for x in sub.launches))
-        stream = self.dev.stream
-        events = [drv.Event() for _ in range(len(launches) + 5)]
-        lead_0, lead_1, graph_1, marks = events[0], events[1], events[2], events[3:]
-        try:
-            for r in range(repeats + 1):                        # repeat 0 warms up, not kept
-                lead_0.record(stream)
-                for _ in range(lead):
-                    graph.launch()
-                lead_1.record(stream)
-                graph.launch()
-                graph_1.record(stream)
-                t = time.perf_counter()
-                marks[0].record(stream)
-                for (kernel, params, grid), mark in zip(launches, marks[1:]):
-                    kernel.launch(stream, grid, params)
-                    mark.record(stream)
-                enqueue_us = (time.perf_counter() - t) * 1e6
-                marks[len(launches)].synchronize()
-                self.check()
-                graph_us = drv.elapsed_ms(lead_1, graph_1) * 1e3
-                lead_us = drv.elapsed_ms(lead_0, lead_1) * 1e3
-                if r == 0:      # enough replays ahead that the host finishes enqueuing first
-                    need = math.ceil(1.5 * enqueue_us / max(graph_us, 1e-3))
-                    lead = min(max(lead, need), TIMING_LEAD_MAX)
-                    timing.lead = lead
-                    continue
-                timing.launch_us.append([drv.elapsed_ms(a, b) * 1e3
-                                         for a, b in zip(marks, marks[1:len(launches) + 1])])
-                timing.graph_us.append(graph_us)
-                timing.enqueue_us.append(enqueue_us)
-                timing.lead_us.append(lead_us)
-        finally:
-            for e in events:
-                e.close()
-        return timing
+    def time_graph(self, submission: int, repeats: int) -> list:
+        """The graph as captured now, replay by replay (host/cuda_timing.py), µs."""
+        return cuda_timing.time_graph(self, submission, repeats)
+
+    def time_alone(self, submission: int, indices, repeats: int) -> list:
+        """Chosen launches each by itself on an idle stream (host/cuda_timing.py), µs."""
+        return cuda_timing.time_alone(self, submission, indices, repeats)
 
     def check(self) -> bool:
         return self.dev.query()

@@ -38,7 +38,7 @@ def _profile_for(header, name, where):
 def run_show(args) -> int:
     import json
 
-    from .console import report_console
+    from .console import report_console, styled
     from rich.table import Table
 
     from .checkpoint import read_header
@@ -71,7 +71,7 @@ def run_show(args) -> int:
     t.add_column("value", overflow="fold")
     t.add_row("file bytes", f"{st.st_size:,} ({size_note})")
     t.add_row("envelope version", str(header.version))
-    t.add_row("profile", header.profile_name() or "[red]none known[/red]")
+    t.add_row("profile", header.profile_name() or styled(("none known", "red")))
     for attr, *_ in (("update_count",), *SIZE_FIELDS):
         t.add_row(attr.replace("_", " "), f"{getattr(header, attr):,}")
     for name in IDENTITY_NAMES:

@@ -30,7 +30,7 @@ class Report:
 
     def __init__(self, as_json: bool):
         from .console import report_console
-        self.console = None if as_json else report_console()
+        self.console = None if as_json else report_console()      # prints every value verbatim
         self.checks: list[dict] = []
         self.ok = True
 
@@ -38,8 +38,9 @@ class Report:
         self.ok &= good
         self.checks.append({"name": name, "value": value, "ok": good})
         if self.console is not None:
-            mark = "[green]  ok[/green]" if good else "[red]FAIL[/red]"
-            self.console.print(f"{mark}  {name:<20} {value}", highlight=False)
+            from .console import styled
+            mark = ("  ok", "green") if good else ("FAIL", "red")
+            self.console.print(styled(mark, f"  {name:<20} {value}"))
 
     def note(self, text: str) -> None:
         if self.console is not None:
@@ -67,7 +68,8 @@ class Report:
             print(json.dumps({"ok": self.ok, "checks": self.checks, "modules": [], **extra},
                              indent=1))
         else:
-            self.console.print("all checks passed" if self.ok else "[red]some checks failed[/red]")
+            self.console.print("all checks passed" if self.ok else "some checks failed",
+                               style=None if self.ok else "red")
         return 0 if self.ok else 1
 
 
@@ -121,8 +123,8 @@ def _installation_checks(profile, report: Report) -> bool:
             m = ptx.Manifest.load(profile.name, target)
             problems = m.verify()
             line(f"PTX {profile.name}/{target}",
-                 f"{len(m.entries)} entries, ISA {m.ptx_isa}" + (f"; {problems[0]}" if problems else ""),
-                 not problems)
+                 f"{len(m.entries)} entries, ISA {m.ptx_isa}, in {m.directory}"
+                 + (f"; {problems[0]}" if problems else ""), not problems)
         except UserError as e:
             line(f"PTX {profile.name}/{target}", str(e), False)
     bindings = drv.bindings_version()
@@ -200,7 +202,7 @@ def run(args) -> int:
         return report.finish()
     except BackendUnavailable as e:
         line("driver", e.message, False)
-        report.note(f"no GPU here: {e.hint}")
+        report.note(f"hint: {e.hint}")          # the hint says "no GPU here" itself
         return report.finish(hint=e.hint)
     v = dev.driver_version
     line("driver", f"CUDA {v // 1000}.{(v % 1000) // 10} ({v})")

@@ -243,15 +243,15 @@ def _f(x, spec=".4f"):
 
 def render(info: dict, rf) -> None:
     from rich import box
-    from .console import report_console
+    from .console import report_console, styled
     from rich.table import Table
 
     c = report_console()
     st, n = info["status"], info["error_notifier"]
     ok = info["size"] == info["expected_size"]
     colour = "green" if info["outcome_code"] == 0 else "red"
-    c.print(f"[bold]{info['path']}[/bold]  profile [bold]{info['profile']}[/bold]  "
-            f"outcome [{colour}]{info['outcome']}[/{colour}]")
+    c.print(styled((str(info["path"]), "bold"), "  profile ", (info["profile"], "bold"),
+                   "  outcome ", (info["outcome"], colour)))
     c.print(f"size {info['size']:,} bytes, formula {info['expected_size']:,} "
             f"({'matches' if ok else 'MISMATCH'}): {info['steps_completed']:,} step windows, "
             f"{info['issues']:,} timestamp entries")
@@ -319,8 +319,8 @@ def render(info: dict, rf) -> None:
         from staging.records import NOTIFIER_NO_STEP
         step = "—" if n["step"] == NOTIFIER_NO_STEP else f"{n['step']:,}"
         sub = SUBMISSIONS[n["info16"]] if n["info16"] < len(SUBMISSIONS) else n["info16"]
-        c.print(f"[red]error notifier[/red]: {n['info_name']} (info32 {n['info32']:#x}), "
-                f"submission {sub}, sequence {n['sequence']:,}, step {step}: {n['reason']!r}")
+        c.print(styled(("error notifier", "red"), f": {n['info_name']} (info32 {n['info32']:#x}), "
+                       f"submission {sub}, sequence {n['sequence']:,}, step {step}: {n['reason']!r}"))
     else:
         c.print("error notifier: none")
 
@@ -340,4 +340,4 @@ def render(info: dict, rf) -> None:
             f"payload sha256 {s['payload_sha256'][:16]}…")
     c.print(f"last published checkpoint sha256 {st['checkpoint_sha256']}")
     for w in info["warnings"]:
-        c.print(f"[yellow]warning[/yellow]: {w}")
+        c.print(styled(("warning", "yellow"), f": {w}"))

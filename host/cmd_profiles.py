@@ -11,7 +11,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from .console import report_console
+    from .console import report_console, styled
     from rich.table import Table
 
     from plan import profiles
@@ -27,7 +27,7 @@ def run(args) -> int:
                       f"{prm.size:,}", "yes" if prm.decay else "no")
         console.print(t)
         for k, v in prof.identities.items():
-            console.print(f"[bold]{k}[/bold]: {v.decode()}", soft_wrap=True)
+            console.print(styled((k, "bold"), f": {v.decode()}"), soft_wrap=True)
         return 0
     t = Table(title="profiles")
     for col in ("name", "V", "T", "D", "L", "H/G", "head", "F", "parameters", "payload bytes",

@@ -100,7 +100,7 @@ class RichProgress:
 
     def __init__(self, quiet: bool = False):
         from rich.console import Console
-        self.console = Console(stderr=True)
+        self.console = Console(stderr=True, emoji=False)    # a path's ":x:" is no emoji code
         self.quiet = quiet
         self.bar = None
 

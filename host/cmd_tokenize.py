@@ -205,7 +205,8 @@ def run(args) -> int:
     jobs = min(jobs, len(batch_list))
 
     show = args.progress
-    console = Console(stderr=True, force_terminal=True if show else None)
+    console = Console(stderr=True, force_terminal=True if show else None,
+                      emoji=False)      # the cache's path prints as written (markup off below)
     t0 = time.perf_counter()
     with paths.refusing("token cache", out, "create"):
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -34,7 +34,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     import numpy as np
-    from .console import report_console
+    from .console import report_console, styled
     from rich.table import Table
 
     from plan import reference
@@ -98,7 +98,7 @@ def run(args) -> int:
     ok &= good
     table.add_row("forward logits", f"row {rows[worst[0]]} col {worst[1]}: {got[worst]:.5f}",
                   f"{want[worst]:.5f}", f"{diff.max():.2e}", f"{LOGIT_ATOL:.0e}",
-                  "ok" if good else "[red]differs[/red]")
+                  "ok" if good else styled(("differs", "red")))
     for s in range(n):
         inputs, targets = cache.context(c0 + s)
         ce, _grad, P, M, V = reference.train_step(profile, P, M, V, c0 + s + 1,
@@ -113,9 +113,9 @@ def run(args) -> int:
                       f"{ce.mean(dtype=np.float64):.6f}",
                       f"mean {mean_d:.1e}, row {r} {d.max():.1e}",
                       f"{args.mean_atol:.0e} / {args.row_atol:.0e}",
-                      "ok" if good else "[red]differs[/red]")
+                      "ok" if good else styled(("differs", "red")))
     console.print(table)
-    console.print("verified" if ok else "[red]verification failed[/red]")
+    console.print("verified" if ok else styled(("verification failed", "red")))
     return 0 if ok else 1
 
 

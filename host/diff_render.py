@@ -6,6 +6,7 @@ from rich import box
 from rich.table import Table
 
 from .console import report_console as _console
+from .console import styled
 
 
 def _cc(cc: int) -> str:
@@ -48,7 +49,7 @@ def render(rep: dict) -> None:
                 f"{d['size']:,} bytes)")
     colour = "green" if rep["same"] else "red"
     tol = f" (atol {rep['atol']:g}, rtol {rep['rtol']:g})" if rep["atol"] or rep["rtol"] else ""
-    c.print(f"[bold {colour}]{rep['verdict']}[/bold {colour}]{tol}")
+    c.print(styled((rep["verdict"], f"bold {colour}"), tol))
     for s in rep["structure"]:
         c.print(f"  {s}")
     if rep["first"] is not None:
@@ -126,7 +127,7 @@ def render_fleet(fleet: dict) -> None:
     n, k = len(fleet["files"]), len(fleet["classes"])
     colour = "green" if fleet["same"] else "red"
     verdict = f"all {n} in one class" if k == 1 else f"{k} classes"
-    c.print(f"{n} result files: [bold {colour}]{verdict}[/bold {colour}] ({_rules(fleet)})")
+    c.print(styled(f"{n} result files: ", (verdict, f"bold {colour}"), f" ({_rules(fleet)})"))
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("class", "files", "device", "cc", "driver", "PTX", "backend", "outcome", "c0",
                 "first difference from class 1"):

@@ -462,29 +462,45 @@ class Graph:
 
     def __init__(self, device: Device, record):
         """`record(stream)` enqueues the submission's launches on the capturing stream (and on
-        streams it forks from it with events, joined back before it returns)."""
+        streams it forks from it with events, joined back before it returns).  A capture that
+        fails leaves nothing behind: the graph the driver made of it, if any, is destroyed."""
         d = cu()
         self.device = device
+        self.graph = self.exec = None
         stream = device.stream
         mode = d.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
         check(d.cuStreamBeginCapture(stream.handle, mode), "cuStreamBeginCapture")
         try:
             record(stream)
         except BaseException:
-            release(d.cuStreamEndCapture(stream.handle), "cuStreamEndCapture")
+            self._abandon_capture(d, stream)
             raise
         self.graph = check(d.cuStreamEndCapture(stream.handle), "cuStreamEndCapture")
-        self.exec = check(d.cuGraphInstantiate(self.graph, 0), "cuGraphInstantiate")
+        try:
+            self.exec = check(d.cuGraphInstantiate(self.graph, 0), "cuGraphInstantiate")
+        except BaseException:
+            self.close()
+            raise
+
+    @staticmethod
+    def _abandon_capture(d, stream: Stream) -> None:
+        """End a capture whose recording failed; a graph the driver still returns (what was
+        captured before the failure) is destroyed, never launched."""
+        ret = d.cuStreamEndCapture(stream.handle)
+        graph = ret[1] if isinstance(ret, tuple) and len(ret) > 1 else None
+        release(ret, "cuStreamEndCapture")
+        if graph is not None and pointer(graph):
+            release(d.cuGraphDestroy(graph), "cuGraphDestroy")
 
     def launch(self) -> None:
         check(cu().cuGraphLaunch(self.exec, self.device.stream.handle), "cuGraphLaunch")
 
     def close(self) -> None:
         d = cu()
-        if getattr(self, "exec", None) is not None:
+        if self.exec is not None:
             release(d.cuGraphExecDestroy(self.exec), "cuGraphExecDestroy")
             self.exec = None
-        if getattr(self, "graph", None) is not None:
+        if self.graph is not None:
             release(d.cuGraphDestroy(self.graph), "cuGraphDestroy")
             self.graph = None
 

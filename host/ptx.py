@@ -17,9 +17,12 @@ from pathlib import Path
 from . import driver as drv
 from .errors import UserError
 
+# kernels_ptx/ sits beside host/ in the source tree and, as the wheel installs it (pyproject.toml
+# ships it as a top-level data package), in site-packages or a --target directory alike
 ROOT = Path(__file__).resolve().parents[1] / "kernels_ptx"
 MANIFEST = "manifest.json"
-REBUILD_HINT = "rebuild with tools/build_ptx.py, or use a complete checkout"
+REBUILD_HINT = ("rebuild with tools/build_ptx.py, or use a complete checkout or a wheel built from "
+                "one (it ships kernels_ptx/)")
 
 # manifest scalar parameter types (Triton signatures) → the driver wrapper's ctypes names;
 # every pointer ("*fp32", "*bf16", "*i8", ...) is "ptr"
@@ -143,7 +146,8 @@ class Manifest:
         return out
 
     def display_name(self, e: Entry) -> str:
-        """`kernels_ptx/<profile>/<target>/<file>` (the path under the checkout, for messages)."""
+        """`kernels_ptx/<profile>/<target>/<file>` (the path under the checkout or the
+        installation, for messages)."""
         try:
             return str(e.file.relative_to(ROOT.parent))
         except ValueError:

@@ -132,6 +132,8 @@ class FakeDriver:
         self.modules = {}
         self.capturing: Capture | None = None
         self.graphs = {}               # graph handle -> [Node] in capture order
+        self.live_graphs = set()       # graph handles made and not yet destroyed
+        self.live_execs = set()        # instantiated graphs not yet destroyed
         self.streams = 0               # stream handles handed out
         self.launch_log = []           # (function entry, grid, block, shared, params bytes)
         self.programmatic_log = []     # per launch_log record: launched programmatically
@@ -369,9 +371,14 @@ class FakeDriver:
             return (CUresult.CUDA_ERROR_STREAM_CAPTURE_UNJOINED, None)
         handle = len(self.graphs) + 1
         self.graphs[handle] = c.nodes
+        self.live_graphs.add(handle)
         return (OK, handle)
 
-    def cuGraphInstantiate(self, graph, flags): return (OK, ("exec", graph))
+    def cuGraphInstantiate(self, graph, flags):
+        if graph not in self.live_graphs:
+            return (CUresult.CUDA_ERROR_INVALID_HANDLE, None)
+        self.live_execs.add(("exec", graph))
+        return (OK, ("exec", graph))
 
     def cuGraphLaunch(self, exec_, stream):
         if self.hang:
@@ -384,5 +391,14 @@ class FakeDriver:
             node.run()
         return (OK,)
 
-    def cuGraphExecDestroy(self, e): return (OK,)
-    def cuGraphDestroy(self, g): return (OK,)
+    def cuGraphExecDestroy(self, e):
+        if e not in self.live_execs:
+            return (CUresult.CUDA_ERROR_INVALID_HANDLE,)
+        self.live_execs.discard(e)
+        return (OK,)
+
+    def cuGraphDestroy(self, g):
+        if g not in self.live_graphs:
+            return (CUresult.CUDA_ERROR_INVALID_HANDLE,)
+        self.live_graphs.discard(g)
+        return (OK,)

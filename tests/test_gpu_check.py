@@ -26,6 +26,9 @@ from fake_driver import CUresult, FakeDriver
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 import gpu_check as G  # noqa: E402
+import gpu_check_experiments as X  # noqa: E402
+import gpu_check_phases as P  # noqa: E402
+import gpu_check_runner as R  # noqa: E402
 
 TINY = profiles.get("tiny")
 DRY_RUN_TIMEOUT_S = 2400    # ≈ 4 min on an idle 2-core machine; a loaded one is several times slower
@@ -36,14 +39,17 @@ DRY_RUN_BUDGET_S = 2400     # no phase skipped for a slow CPU: the phases' timeo
 
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory):
+    """The dry run as a caller keeping its output runs it: `... 2>&1 | tee $OUT/check.log` (a
+    file in $OUT the check did not write, from before its first phase)."""
     out = tmp_path_factory.mktemp("out")
     env = {k: v for k, v in os.environ.items() if k != "OUT"}
     t = time.monotonic()
-    r = subprocess.run(["bash", str(ROOT / "tools" / "gpu_check.sh"), "--dry-run", "--out",
-                        str(out), "--budget", str(DRY_RUN_BUDGET_S)], capture_output=True,
-                       text=True, env={**env, "PY": sys.executable}, timeout=DRY_RUN_TIMEOUT_S)
+    cmd = (f"set -o pipefail; bash {ROOT / 'tools' / 'gpu_check.sh'} --dry-run --out {out} "
+           f"--budget {DRY_RUN_BUDGET_S} 2>&1 | tee {out / 'check.log'}")
+    r = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True,
+                       env={**env, "PY": sys.executable}, timeout=DRY_RUN_TIMEOUT_S)
     wall = time.monotonic() - t
-    print(f"\ngpu_check.sh --dry-run: {wall:.0f} s; {r.stdout[-1500:]}")
+    print(f"\ngpu_check.sh --dry-run | tee: {wall:.0f} s; {r.stdout[-1800:]}")
     return r, out, json.loads((out / "report.json").read_text())
 
 
@@ -56,24 +62,34 @@ def test_dry_run_executes_every_phase_and_passes(dry_run):
         assert p["status"] == "ok", (name, p.get("reason"), p.get("checks"))
         assert p["seconds"] > 0 and p["predicted_s"] > 0, name
         assert p["checks"] and all(c["ok"] for c in p["checks"]), name
-    assert "verdict (dry-run): 8 ok, 0 failed, 0 skipped" in r.stdout.splitlines()[-1]
+        assert "ended_at_phase_end" not in p, name          # nothing left running by a phase
+    n = len(G.PHASES)
+    assert f"verdict (dry-run): {n} ok, 0 failed, 0 skipped" in r.stdout.splitlines()[-1]
     assert report["mode"] == "dry-run" and report["machine"]["python"]
 
 
-def test_dry_run_out_holds_at_most_eight_known_files(dry_run):
-    _, out, _ = dry_run
+def test_dry_run_out_holds_at_most_eight_files_the_tee_among_them(dry_run):
+    """A `tee $OUT/check.log` is counted against the 8 and named, never an error; it holds the
+    whole output, the table at its end."""
+    _, out, report = dry_run
     files = sorted(p.name for p in out.rglob("*") if p.is_file())
-    assert len(files) <= 8, files
-    assert set(files) <= set(G.OUT_FILES), files
-    assert {"report.md", "report.json", "logs.tar.gz", "per_launch.json", "bench.json"} <= set(files)
+    assert len(files) <= G.MAX_OUT_FILES, files
+    assert set(files) <= set(G.OUT_FILES) | {"check.log"}, files
+    assert {"report.md", "report.json", "logs.tar.gz", "per_launch.json", "bench.json",
+            "check.log"} <= set(files)
+    assert report["out"]["foreign"] == ["check.log"]
+    assert "verdict (dry-run)" in (out / "check.log").read_text().splitlines()[-1]
     with tarfile.open(out / "logs.tar.gz") as tar:
         names = tar.getnames()
     for log in ("logs/doctor/doctor.log", "logs/tiny/verify.log", "logs/gpu-tests/pytest.log",
                 "logs/production/continuation-2.log", "logs/per-launch/per-launch.log",
-                "logs/torch/bench.log", "logs/torch-default/bench-default.log"):
+                "logs/experiments/experiments.log", "logs/sanitizer/memcheck.log",
+                "logs/sanitizer/racecheck.log", "logs/torch/bench.log",
+                "logs/torch-default/bench-default.log"):
         assert log in names, (log, names)
     md = (out / "report.md").read_text()
-    assert all(p.title in md for p in G.PHASES)
+    assert all(p.title in md for p in G.PHASES) and "check.log" in md
+    assert "## Experiments" in md and "What the plan should keep" in md
 
 
 def test_dry_run_figures_are_filled(dry_run):
@@ -88,7 +104,10 @@ def test_dry_run_figures_are_filled(dry_run):
                                    "identical except time-dependent and environment fields"), t
     assert all(s.get("max_abs", 0) == 0 for s in t["golden_sections"]), t["golden_sections"]
     assert t["tiny"]["steps"] == TINY.steps and t["tiny"]["device_ms_p50"] > 0
-    assert p["gpu-tests"]["counts"]                       # skipped here: no GPU
+    gt = p["gpu-tests"]
+    assert gt["counts"] and gt["counts"].get("deselected", 0) >= len(P.COVERED)
+    assert gt["covered_by_phases"] == {test: "tiny" for test in P.COVERED}
+    assert gt["per_test_timeout"]
     prod = p["production"]
     run = prod["run"]
     for k in ("device_ms_p50", "device_ms_p90", "device_ms_max", "host_gap_us_p50",
@@ -113,6 +132,26 @@ def test_dry_run_figures_are_filled(dry_run):
     assert full["run"]["publications"] == TINY.publications == len(full["publications"])
     assert all("stall_ms" in x and x["stream_s"] >= 0 for x in full["publications"])
     assert full["reused"] == {"full": "the run of phase tiny"}     # the tiny profile's full run
+
+
+def test_dry_run_experiments_and_sanitizer_are_reported(dry_run):
+    """Every capture variant replayed through the fake driver, side by side with its prediction;
+    each side-lane launch alone; a decision per experiment.  The sanitizer's commands ran
+    without compute-sanitizer, which the report says."""
+    _, _, report = dry_run
+    rows = report["experiments"]
+    graphs = {(r["name"], r["capture"]) for r in rows if r["graph_us"] is not None}
+    assert graphs == {(name, variant) for name, pair in X.PAIRS.items() for _, variant in pair}
+    assert all(r["graph_us"] > 0 and r["predicted_us"] > 0 for r in rows if r["graph_us"])
+    alone = [r for r in rows if r["name"] == X.SIDE_ALONE and r["variant"] != X.SIDE_SUM]
+    assert len(alone) == len(X.side_lane(TINY)) and all(r["per_launch_us"] > 0 for r in alone)
+    assert {d["name"] for d in report["decisions"]} == {X.EDGES, X.LANES, X.SIDE_WORK,
+                                                        X.SIDE_ALONE}
+    s = {x["name"]: x for x in report["phases"]}["sanitizer"]
+    assert "not found" in s["sanitizer"] and "dry run" in s["sanitizer"]
+    functions = {x.label: x.function for x in launches.submissions(TINY)[L.SUBMISSION_UPDATE].launches}
+    assert s["racecheck_launches"] and all(
+        functions[label].startswith(("attention", "weight_grad")) for label in s["racecheck_launches"])
 
 
 def test_dry_run_per_launch_table_calibrates_the_cost_model(dry_run):
@@ -228,13 +267,112 @@ def test_a_failed_check_fails_its_phase_with_the_output_tail(tmp_path):
     assert "**FAILED**: false" in (tmp_path / "out" / "report.md").read_text()
 
 
-def test_out_never_holds_more_than_the_known_files(tmp_path):
+def test_a_file_in_out_the_check_did_not_write_is_counted_never_an_error(tmp_path):
+    """Issue 24: a foreign file in $OUT (a tee of the output, or one a phase leaves) used to make
+    the first write raise: no table, the work dir left behind.  Now it is counted and named."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "check.log").write_text("a tee\n")
+
     def body(ctx):
         (ctx.out / "stray.txt").write_text("x")
         return "wrote a stray file"
     check = _check(tmp_path, {"p": 0.1}, budget=10)
-    with pytest.raises(RuntimeError, match="stray.txt"):
-        check.run([G.Phase("p", "p", body)])
+    assert check.run([G.Phase("p", "p", body)]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["phases"][0]["status"] == "ok"
+    assert report["out"]["foreign"] == ["check.log", "stray.txt"]
+    assert "stray.txt" in (out / "report.md").read_text()
+    assert not check.work.exists()
+
+
+def test_phase_files_past_the_eight_go_into_the_logs(tmp_path):
+    """With five foreign files only the three core files fit: a phase file goes into
+    logs.tar.gz (logs/held-back/) and the report says so; one already in $OUT is rewritten."""
+    out = tmp_path / "out"
+    out.mkdir()
+    for i in range(4):
+        (out / f"mine-{i}.txt").write_text("x")
+
+    def body(ctx):
+        assert ctx.check.outdir.place("per_launch.json", b"[1]").parent == ctx.out   # the 8th
+        (ctx.out / "late.txt").write_text("x")                                      # a 9th
+        where = ctx.check.outdir.place("bench.json", b"{}")
+        assert where.parent.name == "held-back"
+        assert ctx.check.outdir.place("per_launch.json", b"[2]").parent == ctx.out
+        return "placed"
+    check = _check(tmp_path, {"p": 0.1}, budget=10)
+    assert check.run([G.Phase("p", "p", body)]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["out"]["held_back"] == ["bench.json"]
+    assert (out / "per_launch.json").read_bytes() == b"[2]" and not (out / "bench.json").exists()
+    with tarfile.open(out / "logs.tar.gz") as tar:
+        assert tar.extractfile("logs/held-back/bench.json").read() == b"{}"
+
+
+@pytest.mark.parametrize("ending", ["returns", "fails", "raises", "times out"])
+def test_every_process_a_phase_started_ends_with_the_phase(tmp_path, ending):
+    """Issue 24: the production phase's background verify outlived a continuation that timed out
+    or raised; now whatever a phase started is ended when it ends, whatever its outcome."""
+    pidfile = tmp_path / "bg.pid"
+
+    def body(ctx):
+        ctx.start("background", ["bash", "-c", f"echo $$ > {pidfile}; exec sleep 60"])
+        deadline = time.monotonic() + 10
+        while not (pidfile.exists() and pidfile.read_text().strip()) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if ending == "fails":
+            raise G.PhaseFailed("a continuation failed")
+        if ending == "raises":
+            raise RuntimeError("a bug in the check")
+        if ending == "times out":
+            ctx.sh("hang", ["sleep", "60"])
+        return "left it running"
+    check = _check(tmp_path, {"p": 0.5}, budget=30)
+    check.run([G.Phase("p", "p", body)])
+    pid = int(pidfile.read_text())
+    stat = Path(f"/proc/{pid}/stat")
+    assert not stat.exists() or stat.read_text().split(") ", 1)[1][0] == "Z"
+    entry = json.loads((tmp_path / "out" / "report.json").read_text())["phases"][0]
+    assert pid in entry["ended_at_phase_end"]
+
+
+def test_an_interrupt_after_a_phase_finished_keeps_its_verdict(tmp_path):
+    """Issue 24: a SIGTERM arriving while the report is written after a phase marked that
+    finished phase failed; now it stays ok and only the later phases are skipped."""
+    class Late(G.Check):
+        writes = 0
+
+        def write(self):
+            super().write()
+            Late.writes += 1
+            if Late.writes == 2:             # the write right after phase a finished
+                raise R.Interrupted("SIGTERM")
+    mode = replace(G.DRY, predicted_s={"a": 0.1, "b": 0.1}, timeout_factor=1.0,
+                   timeout_extra_s=1.0)
+    check = Late(mode, tmp_path / "out", 10)
+    assert check.run([G.Phase("a", "a", lambda ctx: "done"),
+                      G.Phase("b", "b", lambda ctx: "never")]) == 0
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert [(p["name"], p["status"]) for p in report["phases"]] == [("a", "ok"), ("b", "skipped")]
+    assert report["phases"][1]["reason"] == "the check was interrupted (SIGTERM)"
+
+
+def test_a_capped_phase_starts_with_its_minimum_and_stops_at_what_is_left(tmp_path, monkeypatch):
+    """Torch's phases are capped: predicted past what is left, they still start while their
+    minimum is left, and are stopped at the budget (plus the slack) instead of running on."""
+    monkeypatch.setattr(R, "HARD_SLACK_S", 0.5)
+    mode = replace(G.DRY, predicted_s={"c": 100.0, "d": 100.0}, timeout_factor=2.0,
+                   timeout_extra_s=30.0, capped_s={"c": 1.0, "d": 5.0})
+    check = G.Check(mode, tmp_path / "out", 3.0)
+    t = time.monotonic()
+    check.run([G.Phase("c", "c", lambda ctx: ctx.sh("slow", ["sleep", "60"])),
+               G.Phase("d", "d", lambda ctx: "never")])
+    assert time.monotonic() - t < 10
+    c, d = json.loads((tmp_path / "out" / "report.json").read_text())["phases"]
+    assert c["status"] == "failed" and c["reason"].startswith("failed: timeout"), c
+    assert c["timeout_s"] <= 3.5
+    assert d["status"] == "skipped" and d["reason"].startswith("capped"), d
 
 
 # ---------------------------------------------------------------- per-launch events (fake driver)

@@ -20,6 +20,8 @@ first `--agree-steps` steps.
       --steps 4 --warmup 1 --variants eager                                        # on the CPU
 
 Without `--result` the Coppelius side is run here first (`--backend`, `--profile`, `--steps`).
+`--json` is written as the bench goes: `stage` says what it is doing ("done" at the end) and
+`rows` holds every row finished, so a bench stopped from outside still leaves them.
 """
 from __future__ import annotations
 
@@ -106,8 +108,10 @@ def _p50(xs) -> float | None:
 
 
 def bench_torch_variant(torch, variant, profile, P0, contexts, device, warmup, agree_steps,
-                        compile_backend="inductor"):
-    """-> {losses (first agree_steps), fence_ms, device_ms (per timed step), compile_s, ...}."""
+                        compile_backend="inductor", stage=lambda text: None):
+    """-> {losses (first agree_steps), fence_ms, device_ms (per timed step), compile_s, ...};
+    `stage(text)` is told what the loop is doing (the first step: the compile; then the timed
+    steps)."""
     params, forward = build_torch_model(torch, profile, P0, device)
     opt = make_optimizer(torch, profile, params, device)
 
@@ -129,6 +133,10 @@ def bench_torch_variant(torch, variant, profile, P0, contexts, device, warmup, a
     sync()
     last = time.perf_counter()
     for i, (inp, tgt) in enumerate(contexts):
+        if i in (0, warmup):
+            stage(f"{variant}: step {i + 1} of {len(contexts)} ("
+                  + ("the first: compiling" if i == 0 and mode is not None else
+                     "the first" if i == 0 else "timed steps from here") + ")")
         inp_t = torch.from_numpy(inp.astype(np.int64)).to(device)
         tgt_t = torch.from_numpy(tgt.astype(np.int64)).to(device)
         if cuda:
@@ -174,13 +182,15 @@ def coppelius_figures(result: Path, warmup: int, steps: int) -> dict:
             "device_ms_p50": _p50(device_ms[warmup:]), "source": str(result)}
 
 
-def run_coppelius(profile, tokens, steps, backend, workdir: Path) -> Path:
+def run_coppelius(profile, tokens, steps, backend, workdir: Path,
+                  fence_timeout_s: float | None = None) -> Path:
     from host.run import Request, run
     ckpt = workdir / "bench.ckpt"
     ckpt.write_bytes(b"")
     result = workdir / "bench-result.bin"
+    extra = {} if fence_timeout_s is None else {"fence_timeout_s": fence_timeout_s}
     run(Request(profile=profile, tokens=tokens, checkpoint=ckpt, result=result, backend=backend,
-                steps=steps, directory=workdir))
+                steps=steps, directory=workdir, **extra))
     return result
 
 
@@ -188,7 +198,28 @@ def _ratio(a, b):
     return None if a is None or b is None or b == 0 else a / b
 
 
-def main(argv=None) -> int:
+class JsonOut:
+    """The --json file, rewritten (atomically) at every stage: a bench stopped from outside leaves
+    the rows it finished and `stage`, what it was doing; "done" once complete."""
+
+    def __init__(self, path: Path | None, head: dict):
+        self.path = path
+        self.doc = {**head, "stage": "starting", "rows": []}
+        self.write()
+
+    def stage(self, text: str, **fields) -> None:
+        self.doc.update(stage=text, **fields)
+        self.write()
+
+    def write(self) -> None:
+        if self.path is None:
+            return
+        tmp = self.path.with_name(self.path.name + ".partial")
+        tmp.write_text(json.dumps(self.doc, indent=1))
+        tmp.replace(self.path)
+
+
+def parse(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--result", type=Path, help="a finished Coppelius run from the fresh "
                     "initialization on the embedded stream (default: run one here)")
@@ -199,26 +230,28 @@ def main(argv=None) -> int:
     ap.add_argument("--directory", type=Path, help="where the embedded stream is cached "
                     "(default: a temporary directory)")
     ap.add_argument("--backend", default="cuda", choices=["cuda", "interpret"])
+    ap.add_argument("--fence-timeout", type=float, default=None, metavar="S",
+                    help="without --result: seconds the Coppelius run waits for a fence")
     ap.add_argument("--device", default="cuda", help="torch device (cuda or cpu)")
     ap.add_argument("--variants", default="eager,reduce-overhead",
                     help=f"comma-separated, of {', '.join(VARIANTS)}")
     ap.add_argument("--compile-backend", default="inductor",
                     help="torch.compile backend (the CPU dry run uses aot_eager: no C compiler)")
     ap.add_argument("--agree-steps", type=int, default=5, help="steps whose losses are compared")
-    ap.add_argument("--json", type=Path, help="write the figures here too")
+    ap.add_argument("--json", type=Path, help="write the figures here too (as the bench goes)")
     args = ap.parse_args(argv)
-    variants = [v for v in args.variants.split(",") if v]
-    for v in variants:
+    args.variant_list = [v for v in args.variants.split(",") if v]
+    for v in args.variant_list:
         if v not in VARIANTS:
             ap.error(f"unknown variant {v!r}: one of {', '.join(VARIANTS)}")
+    return args
 
-    import torch
-    from rich.console import Console
-    from rich.table import Table
+
+def coppelius_side(args, out: JsonOut):
+    """(profile, steps, warmup, agree, contexts, the Coppelius figures): from --result, or from a
+    run made here first."""
     from staging import synthetic
     from staging.tokens import TokenCache
-
-    console = Console()
     with tempfile.TemporaryDirectory(prefix="coppelius-bench-") as tmp:
         workdir = Path(tmp)
         if args.result is not None:
@@ -233,26 +266,19 @@ def main(argv=None) -> int:
         cache = TokenCache.open(tokens, profile)
         cache.validate_run(0, steps)
         contexts = [tuple(np.asarray(a) for a in cache.context(c)) for c in range(steps)]
-        result = args.result or run_coppelius(profile, tokens, steps, args.backend, workdir)
+        if args.result is None:
+            out.stage(f"coppelius: running {steps} steps on {args.backend}")
+        result = args.result or run_coppelius(profile, tokens, steps, args.backend, workdir,
+                                              args.fence_timeout)
         cop = coppelius_figures(result, warmup, steps)
-    P0 = reference.init_parameters(profile)
-    rows = [{"what": f"coppelius ({cop['backend']})", "variant": "coppelius",
-             "ms_p50": cop["ms_p50"], "device_ms_p50": cop["device_ms_p50"], "ratio": 1.0,
-             "device_ratio": 1.0 if cop["device_ms_p50"] else None, "compile_s": None}]
-    agreement = {}
-    for variant in variants:
-        t = bench_torch_variant(torch, variant, profile, P0, contexts, args.device, warmup, agree,
-                                args.compile_backend)
-        k = min(len(t["losses"]), len(cop["losses"]))
-        agreement[variant] = max(abs(a - b) for a, b in zip(t["losses"][:k], cop["losses"][:k]))
-        device_p50 = t["device_ms_p50"] if args.device != "cpu" else None
-        rows.append({"what": f"torch {variant} ({args.device})", "variant": variant,
-                     "ms_p50": t["ms_p50"], "device_ms_p50": device_p50,
-                     "ratio": _ratio(t["ms_p50"], cop["ms_p50"]),
-                     "device_ratio": _ratio(device_p50, cop["device_ms_p50"]),
-                     "compile_s": t["compile_s"], "first_step_s": t["first_step_s"],
-                     "agreement": agreement[variant], "losses": t["losses"]})
+    return profile, steps, warmup, agree, contexts, cop
 
+
+def print_table(rows, profile, steps, warmup, agree, agreement) -> float:
+    """The side-by-side table on stdout; returns the worst loss disagreement."""
+    from rich.console import Console
+    from rich.table import Table
+    console = Console()
     T = profile.context
     table = Table(title=f"{profile.name}: {steps} steps, p50 after {warmup} warm-up steps")
     for col in ("what", "ms f2f p50", "ms device p50", "tokens/s", "ratio", "compile s",
@@ -270,13 +296,41 @@ def main(argv=None) -> int:
     worst = max(agreement.values(), default=0.0)
     console.print(f"loss agreement over the first {agree} steps: max |Δ mean ce| = {worst:.2e} "
                   f"(bound {AGREE_ATOL:g})")
-    if args.json:
-        args.json.write_text(json.dumps({
-            "profile": profile.name, "steps": steps, "warmup": warmup, "device": args.device,
-            "compile_backend": args.compile_backend, "timing": TIMING, "coppelius": cop,
-            "rows": rows, "agreement": agreement, "agree_steps": agree,
-            "agreement_atol": AGREE_ATOL,
-            "torch": torch.__version__}, indent=1))
+    return worst
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    out = JsonOut(args.json, {"device": args.device, "compile_backend": args.compile_backend,
+                              "timing": TIMING, "agreement_atol": AGREE_ATOL, "agreement": {}})
+    out.stage("importing torch")
+    import torch
+    out.doc["torch"] = torch.__version__
+    out.stage("the Coppelius side")
+    profile, steps, warmup, agree, contexts, cop = coppelius_side(args, out)
+    P0 = reference.init_parameters(profile)
+    rows = out.doc["rows"]
+    rows.append({"what": f"coppelius ({cop['backend']})", "variant": "coppelius",
+                 "ms_p50": cop["ms_p50"], "device_ms_p50": cop["device_ms_p50"], "ratio": 1.0,
+                 "device_ratio": 1.0 if cop["device_ms_p50"] else None, "compile_s": None})
+    agreement = out.doc["agreement"]
+    out.stage("coppelius row", profile=profile.name, steps=steps, warmup=warmup, coppelius=cop,
+              agree_steps=agree)
+    for variant in args.variant_list:
+        t = bench_torch_variant(torch, variant, profile, P0, contexts, args.device, warmup, agree,
+                                args.compile_backend, stage=out.stage)
+        k = min(len(t["losses"]), len(cop["losses"]))
+        agreement[variant] = max(abs(a - b) for a, b in zip(t["losses"][:k], cop["losses"][:k]))
+        device_p50 = t["device_ms_p50"] if args.device != "cpu" else None
+        rows.append({"what": f"torch {variant} ({args.device})", "variant": variant,
+                     "ms_p50": t["ms_p50"], "device_ms_p50": device_p50,
+                     "ratio": _ratio(t["ms_p50"], cop["ms_p50"]),
+                     "device_ratio": _ratio(device_p50, cop["device_ms_p50"]),
+                     "compile_s": t["compile_s"], "first_step_s": t["first_step_s"],
+                     "agreement": agreement[variant], "losses": t["losses"]})
+        out.stage(f"{variant}: done")
+    worst = print_table(rows, profile, steps, warmup, agree, agreement)
+    out.stage("done")
     return 0 if worst <= AGREE_ATOL else 1
 
 

@@ -2,6 +2,9 @@
 
   python3 tools/gpu_check_launches.py --profile coppelius [--checkpoint CKPT] --repeats 30 \
       --json per_launch.json --summary summary.json [--table table.md]
+  python3 tools/gpu_check_launches.py ... --experiments experiments.json     # capture variants
+  python3 tools/gpu_check_launches.py ... --only 'attention|weight_grad' --first-per-kernel \
+      --repeats 1 --json alone.json                 # those launches alone (under a sanitizer)
 
 Opens the cuda backend as a run does, loads the payload (CKPT, or the fresh initialization), runs
 one forward and one update through the ring (the run's own protocol), then replays the update's
@@ -16,13 +19,23 @@ computed here, from the registers the driver reports for each loaded function: t
 registers the timed code runs with, the device image may have no ptxas (or another version than
 the driver's JIT), and a committed prediction file would go stale whenever the kernels change.
 Any launch list the plan builds is timed: no label or count is assumed.
+
+`--experiments FILE` replays the update's graph in every capture variant of
+tools/gpu_check_experiments.py (programmatic edges or all full, two lanes or one, the side lane or
+a no-op kernel in its place) and times each side-lane launch alone; FILE gets the rows, the
+predictions beside them and the decisions.  `--only REGEX` times just the update launches whose
+label or function matches, each alone on an idle GPU, with no ring run and no graph replay: what
+the device check runs under `compute-sanitizer --tool racecheck`.  Every fence waits at most
+`--fence-timeout` seconds.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -34,8 +47,8 @@ for _p in (ROOT, ROOT / "tools"):
 
 from host import checkpoint as ckpt_mod  # noqa: E402
 from host.backend_cuda import CudaBackend  # noqa: E402
-from host.ring import Ring  # noqa: E402
-from plan import profiles, reference  # noqa: E402
+from host.ring import DEFAULT_FENCE_TIMEOUT_S, Ring  # noqa: E402
+from plan import launches, profiles, reference  # noqa: E402
 from staging import layout as L  # noqa: E402
 from staging import synthetic  # noqa: E402
 from staging.tokens import TokenCache  # noqa: E402
@@ -70,17 +83,29 @@ def predictions(profile, backend) -> tuple[dict, str | None]:
         return {}, f"{type(e).__name__}: {e}"
 
 
-def measure(profile, checkpoint: Path | None, repeats: int, directory: Path):
+@contextmanager
+def opened(profile, checkpoint: Path | None, directory: Path, fence_timeout_s: float,
+           warm: bool = True):
+    """The cuda backend with the payload loaded and the graphs captured as a run captures them;
+    `warm`: one forward and one update through the ring (the run's protocol, every fence bounded
+    by `fence_timeout_s`), so the buffers hold a state an update leaves.  -> (backend, c0)."""
     tokens = synthetic.ensure_default_stream(profile, directory)
     cache = TokenCache.open(tokens, profile)
     with CudaBackend(profile) as backend:
         c0 = load_payload(backend, profile, checkpoint)
         cache.validate_run(c0, 1)
         backend.instantiate(t_base=c0 - 1)
-        ring = Ring(backend, capacity=2)
-        cache.write_input_record(backend.staging, c0)
-        ring.run(L.SUBMISSION_FORWARD, c0, None)        # w16 and every buffer a valid state
-        ring.run(L.SUBMISSION_UPDATE, c0, 0)
+        if warm:
+            ring = Ring(backend, capacity=2, timeout_s=fence_timeout_s)
+            cache.write_input_record(backend.staging, c0)
+            ring.run(L.SUBMISSION_FORWARD, c0, None)        # w16 and every buffer a valid state
+            ring.run(L.SUBMISSION_UPDATE, c0, 0)
+        yield backend, c0
+
+
+def measure(profile, checkpoint: Path | None, repeats: int, directory: Path,
+            fence_timeout_s: float = DEFAULT_FENCE_TIMEOUT_S):
+    with opened(profile, checkpoint, directory, fence_timeout_s) as (backend, c0):
         timing = backend.time_submission(L.SUBMISSION_UPDATE, repeats)
         timing.programmatic_edges = backend.programmatic_edges[L.SUBMISSION_UPDATE]
         timing.pdl_refused = backend.pdl_refused         # the driver's refusal, if any
@@ -92,6 +117,59 @@ def measure(profile, checkpoint: Path | None, repeats: int, directory: Path):
         costs, why = predictions(profile, backend)
         info = backend.device()
     return timing, costs, why, info, c0
+
+
+def chosen(profile, pattern: str, first_per_kernel: bool) -> list[int]:
+    """Update launches whose label or function matches `pattern` (a regex, searched); with
+    `first_per_kernel` only the first launch of each compiled kernel (the others differ in
+    their pointers alone)."""
+    rx = re.compile(pattern)
+    update = launches.submissions(profile)[L.SUBMISSION_UPDATE].launches
+    out, seen = [], set()
+    for i, x in enumerate(update):
+        if (rx.search(x.label) or rx.search(x.function)) and not (first_per_kernel
+                                                                   and x.kernel in seen):
+            out.append(i)
+            seen.add(x.kernel)
+    if not out:
+        raise SystemExit(f"--only {pattern!r}: no update launch matches; labels are like "
+                         f"{update[1].label!r}, functions like {update[1].function!r}")
+    return out
+
+
+def run_only(a, profile) -> int:
+    """The chosen launches alone (no ring, no graph replay): their {label, kernel, us} rows."""
+    indices = chosen(profile, a.only, a.first_per_kernel)
+    with opened(profile, a.checkpoint, a.directory, a.fence_timeout, warm=False) as (b, c0):
+        alone = b.time_alone(L.SUBMISSION_UPDATE, indices, a.repeats)
+        info = b.device()
+    update = launches.submissions(profile)[L.SUBMISSION_UPDATE].launches
+    rows = [{"label": update[i].label, "kernel": update[i].kernel,
+             "us": _r(statistics.median(t))} for i, t in zip(indices, alone)]
+    a.json.write_text(json.dumps(rows, indent=1))
+    print(f"{profile.name} update on {info.name}: {len(rows)} launches alone, {a.repeats} "
+          f"repeat(s): " + ", ".join(f"{r['label']} {r['us']:.1f} µs" for r in rows))
+    return 0
+
+
+def run_experiments(a, profile) -> int:
+    """Every capture variant's graph, the side lane alone, predictions and decisions."""
+    import gpu_check_experiments as X
+    with opened(profile, a.checkpoint, a.directory, a.fence_timeout) as (b, c0):
+        graphs = X.measure_graphs(b, c0 - 1, a.repeats)
+        alone = b.time_alone(L.SUBMISSION_UPDATE, X.side_lane(profile), a.repeats)
+        costs, why = predictions(profile, b)
+        kernel_pdl = {key: k.pdl for key, k in b.kernels.items()}
+        info = b.device()
+    rows = X.rows(profile, graphs, alone, costs, X.predicted(profile, costs, kernel_pdl))
+    decisions = X.decide(rows)
+    a.experiments.write_text(json.dumps({
+        "profile": profile.name, "device": info.name, "target": info.target, "c0": c0,
+        "repeats": a.repeats, "scenario": X.SCENARIO, "predictions_unavailable": why,
+        "experiments": rows, "decisions": decisions}, indent=1))
+    for d in decisions:
+        print(f"{d['name']}: {d['keep'] or '—'}: {d['why']}")
+    return 0
 
 
 def _r(x) -> float:
@@ -145,12 +223,32 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--directory", type=Path, default=Path(synthetic.DEFAULT_DIRECTORY),
                     help="where the embedded stream is cached")
-    ap.add_argument("--json", type=Path, required=True, help="per-launch list ({label, kernel, us})")
+    ap.add_argument("--json", type=Path, help="per-launch list ({label, kernel, us}); needed "
+                    "unless --experiments")
     ap.add_argument("--summary", type=Path, help="totals, graph vs launches, the longest launches")
     ap.add_argument("--table", type=Path, help="the cost model's model-vs-measured table (markdown)")
+    ap.add_argument("--fence-timeout", type=float, default=DEFAULT_FENCE_TIMEOUT_S, metavar="S",
+                    help=f"seconds to wait for a fence (default {DEFAULT_FENCE_TIMEOUT_S:g})")
+    ap.add_argument("--experiments", type=Path, metavar="FILE",
+                    help="time the capture variants and the side lane alone instead; write FILE")
+    ap.add_argument("--only", metavar="REGEX", help="time only the update launches whose label or "
+                    "function matches, each alone, no ring or graph (for a sanitizer)")
+    ap.add_argument("--first-per-kernel", action="store_true",
+                    help="with --only: the first launch of each compiled kernel only")
     a = ap.parse_args(argv)
+    if a.repeats < 1:
+        ap.error(f"--repeats must be at least 1, got {a.repeats}")
+    if a.json is None and a.experiments is None:
+        ap.error("--json FILE is needed (or --experiments FILE)")
+    if a.first_per_kernel and not a.only:
+        ap.error("--first-per-kernel goes with --only")
     profile = profiles.get(a.profile)
-    timing, costs, why, info, c0 = measure(profile, a.checkpoint, a.repeats, a.directory)
+    if a.experiments:
+        return run_experiments(a, profile)
+    if a.only:
+        return run_only(a, profile)
+    timing, costs, why, info, c0 = measure(profile, a.checkpoint, a.repeats, a.directory,
+                                           a.fence_timeout)
     lane = None
     if costs:
         import cost_model

@@ -66,8 +66,35 @@ def summary_table(report: dict) -> str:
     n = {s: sum(p["status"] == s for p in report["phases"]) for s in ("ok", "failed", "skipped")}
     rows.append(f"verdict ({report['mode']}): {n['ok']} ok, {n['failed']} failed, {n['skipped']} "
                 f"skipped in {report['elapsed_s']:.0f} s (budget {report['budget_s']:.0f} s); "
-                f"files in $OUT: report.md report.json logs.tar.gz and the phases' own")
+                f"{out_line(report)}")
     return "\n".join(rows)
+
+
+def out_line(report: dict) -> str:
+    """What $OUT holds beside the check's own files, and what went into the logs instead."""
+    o = report.get("out", {})
+    text = "files in $OUT: report.md report.json logs.tar.gz and the phases' own"
+    if o.get("foreign"):
+        text += f"; not the check's (counted against {o['limit']}): {', '.join(o['foreign'])}"
+    if o.get("held_back"):
+        text += f"; in logs.tar.gz (logs/held-back/) for want of a slot: {', '.join(o['held_back'])}"
+    return text
+
+
+def experiments_markdown(report: dict) -> list[str]:
+    """The experiments side by side, then what the plan should keep."""
+    rows = report.get("experiments")
+    if not rows:
+        return []
+    out = ["", "## Experiments (graph replays of capture variants)", "",
+           "| experiment | variant | graph µs | per launch µs | predicted µs |", "|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['name']} | {r['variant']} | {fmt(r['graph_us'], '.1f')} | "
+                   f"{fmt(r['per_launch_us'], '.1f')} | {fmt(r.get('predicted_us'), '.1f')} |")
+    out += ["", "What the plan should keep:", ""]
+    for d in report.get("decisions", []):
+        out.append(f"- {d['name']}: **{d['keep'] or '—'}** — {d['why']}")
+    return out
 
 
 def report_markdown(report: dict) -> str:
@@ -78,7 +105,9 @@ def report_markdown(report: dict) -> str:
            + ", ".join(f"{k} {v}" for k, v in m["packages"].items() if v),
            f"- checkout {m['git'] or '(no git)'}; PTX manifests "
            + ", ".join(f"{k} {v}" for k, v in m["ptx_manifests_sha256"].items()),
-           f"- budget {report['budget_s']:.0f} s, elapsed {report['elapsed_s']:.0f} s", "",
+           f"- budget {report['budget_s']:.0f} s, elapsed {report['elapsed_s']:.0f} s; profile of "
+           f"the production phases: {report.get('profile')}",
+           f"- {out_line(report)}", "",
            "| phase | status | seconds | predicted | summary |", "|---|---|---|---|---|"]
     for p in report["phases"]:
         text = p.get("summary") if p["status"] == "ok" else p.get("reason", "")
@@ -105,4 +134,5 @@ def report_markdown(report: dict) -> str:
             out.append(f"| {r['label']} | {r['kernel']} | {fmt(r['us'], '.1f')} | "
                        f"{fmt(pred, '.1f')} | {fmt(r.get('ratio_central'), '.2f')} | "
                        f"{r.get('binding') or '—'} |")
+    out += experiments_markdown(report)
     return "\n".join(out) + "\n"

@@ -20,6 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from blas_pin import pin
+
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN_DIR = ROOT / "tests" / "golden"
 GOLDEN = GOLDEN_DIR / "tiny-result-c0.bin"     # the embedded default's name: <profile>-result-c<c0>
@@ -47,6 +49,7 @@ def main(argv=None) -> int:
     ap.add_argument("--check", action="store_true",
                     help="compare a fresh run with the committed golden; write nothing")
     a = ap.parse_args(argv)
+    pin()                   # the golden's sgemm family, for the run's subprocess
     with tempfile.TemporaryDirectory(prefix="coppelius-golden-") as tmp:
         fresh = run_default(Path(tmp))
         if a.check or GOLDEN.exists():

@@ -1,0 +1,17 @@
+"""The test session's set-up: the BLAS kernel family the interpret golden was made with.
+
+It runs before any test module imports numpy, so the in-process interpreter tests and every
+subprocess a test starts (they inherit the environment) use the same sgemm summation order as
+tests/golden/ (tools/blas_pin.py says why).
+"""
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if "numpy" in sys.modules:          # too late to pin: OpenBLAS has loaded; say so, do not guess
+    print("conftest: numpy was imported before the BLAS pin; golden bits may differ",
+          file=sys.stderr)
+sys.path.insert(0, str(ROOT))
+from tools.blas_pin import pin  # noqa: E402
+
+pin()

@@ -1,0 +1,184 @@
+/* Graphs: the end of a stream capture (joined or refused), instantiation, and replay, which runs
+ * the nodes in capture order (a topological order) on the launching stream. */
+#define _GNU_SOURCE
+#include <stdlib.h>
+#include <string.h>
+
+#include "stub.h"
+
+void node_clear(struct node *nd)
+{
+    free(nd->deps);
+    if (nd->kind == NODE_KERNEL)
+        free(nd->params);
+    nd->deps = NULL, nd->params = NULL;
+}
+
+void nodes_push(struct nodes *ns, const struct node *nd)
+{
+    if (ns->n == ns->cap)
+        ns->v = realloc(ns->v, sizeof *ns->v * (size_t)(ns->cap = ns->cap ? 2 * ns->cap : 64));
+    ns->v[ns->n++] = *nd;
+}
+
+void nodes_free(struct nodes *ns)
+{
+    for (int i = 0; i < ns->n; i++)
+        node_clear(&ns->v[i]);
+    free(ns->v);
+    memset(ns, 0, sizeof *ns);
+}
+
+static void nodes_copy(struct nodes *out, const struct nodes *in)
+{
+    memset(out, 0, sizeof *out);
+    for (int i = 0; i < in->n; i++) {
+        struct node nd = in->v[i];
+        nd.deps = malloc(sizeof *nd.deps * (size_t)(nd.ndeps + 1));
+        if (nd.ndeps)
+            memcpy(nd.deps, in->v[i].deps, sizeof *nd.deps * (size_t)nd.ndeps);
+        if (nd.kind == NODE_KERNEL) {
+            nd.params = malloc(nd.n + 1);
+            memcpy(nd.params, in->v[i].params, nd.n);
+        }
+        nodes_push(out, &nd);
+    }
+}
+
+/* the index of a capturing stream whose frontier the origin's does not reach, or -1 */
+static int unjoined(const struct capture *c, const struct stream *origin)
+{
+    int n = c->nodes.n, top = 0, bad = -1;
+    char *seen = calloc((size_t)n + 1, 1);
+    int *todo = malloc(sizeof *todo * ((size_t)n + 1) * 2), cap = 2 * (n + 1);
+    for (int i = 0; i < origin->nfront; i++)
+        todo[top++] = origin->front[i];
+    while (top > 0) {
+        int k = todo[--top];
+        if (seen[k])
+            continue;
+        seen[k] = 1;
+        for (int d = 0; d < c->nodes.v[k].ndeps; d++) {
+            if (top == cap)
+                todo = realloc(todo, sizeof *todo * (size_t)(cap *= 2));
+            todo[top++] = c->nodes.v[k].deps[d];
+        }
+    }
+    for (int s = 0; s < MAX_STREAMS && bad < 0; s++) {
+        const struct stream *st = &G.streams[s];
+        if (!st->s.live || st == origin || st->capture != c - G.captures + 1)
+            continue;
+        for (int i = 0; i < st->nfront && bad < 0; i++)
+            if (!seen[st->front[i]])
+                bad = s;
+    }
+    free(seen);
+    free(todo);
+    return bad;
+}
+
+static CUresult end_capture(struct stream *st, struct capture *c, CUhandle *graph)
+{
+    const char *call = "cuStreamEndCapture";
+    int bad = c->invalid ? -1 : unjoined(c, st);
+    CUresult r = CUDA_SUCCESS;
+    if (c->invalid)
+        r = refuse(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, call, "the capture was invalidated by "
+                   "an earlier call");
+    else if (bad >= 0)
+        r = refuse(CUDA_ERROR_STREAM_CAPTURE_UNJOINED, call, "a stream forked into the capture "
+                   "(by an event wait) has work the origin stream does not wait for");
+    int g = r == CUDA_SUCCESS ? slot_new(H_GRAPH, graph) : -1;
+    if (r == CUDA_SUCCESS && g < 0)
+        r = refuse(CUDA_ERROR_OUT_OF_MEMORY, call, "stub limit: %d graphs", MAX_GRAPHS);
+    if (g >= 0) {
+        G.graphs[g].nodes = c->nodes;
+        memset(&c->nodes, 0, sizeof c->nodes);
+    } else {
+        nodes_free(&c->nodes);
+        *graph = NULL;
+    }
+    capture_release(c);
+    return r;
+}
+
+CUresult cuStreamEndCapture(CUhandle stream, CUhandle *graph)
+{
+    const char *call = "cuStreamEndCapture";
+    lock();
+    struct stream *st = stream_get(stream);
+    struct capture *c = stream_capture(st);
+    CUresult r = !st ? refuse(CUDA_ERROR_INVALID_HANDLE, call, "stream %p", stream)
+               : !graph ? refuse(CUDA_ERROR_INVALID_VALUE, call, "null graph pointer")
+               : !c ? refuse(CUDA_ERROR_ILLEGAL_STATE, call, "the stream is not capturing")
+               : c->origin != st - G.streams
+                 ? refuse(CUDA_ERROR_STREAM_CAPTURE_UNMATCHED, call, "the capture began on "
+                          "another stream")
+               : c->mode != CAPTURE_RELAXED && !pthread_equal(c->thread, pthread_self())
+                 ? refuse(CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD, call, "the capture began on "
+                          "another thread")
+               : end_capture(st, c, graph);
+    unlock();
+    return r;
+}
+
+CUresult cuGraphInstantiateWithFlags(CUhandle *exec, CUhandle graph, unsigned long long flags)
+{
+    const char *call = "cuGraphInstantiate";
+    lock();
+    struct graph *g = slot_get(H_GRAPH, graph);
+    CUresult r = need_context(call);
+    if (r == CUDA_SUCCESS)
+        r = !g ? refuse(CUDA_ERROR_INVALID_HANDLE, call, "graph %p", graph)
+          : !exec || (flags & ~(unsigned long long)GRAPH_INSTANTIATE_FLAGS_ALL)
+            ? refuse(CUDA_ERROR_INVALID_VALUE, call, "flags %#llx", flags) : G.sticky;
+    int e = r == CUDA_SUCCESS ? slot_new(H_EXEC, exec) : -1;
+    if (r == CUDA_SUCCESS && e < 0)
+        r = refuse(CUDA_ERROR_OUT_OF_MEMORY, call, "stub limit: %d executable graphs",
+                   MAX_GRAPHS);
+    if (e >= 0)
+        nodes_copy(&G.execs[e].nodes, &g->nodes);
+    unlock();
+    return r;
+}
+
+CUresult cuGraphLaunch(CUhandle exec, CUhandle stream)
+{
+    const char *call = "cuGraphLaunch";
+    lock();
+    struct graph *x = slot_get(H_EXEC, exec);
+    struct stream *st = stream ? stream_get(stream) : NULL;
+    CUresult r = need_context(call);
+    if (r == CUDA_SUCCESS)
+        r = !x ? refuse(CUDA_ERROR_INVALID_HANDLE, call, "executable graph %p", exec)
+          : stream && !st ? refuse(CUDA_ERROR_INVALID_HANDLE, call, "stream %p", stream)
+          : st && st->capture ? refuse(CUDA_ERROR_NOT_SUPPORTED, call, "a graph launch into a "
+                                       "capture: the stub does not nest graphs")
+          : G.sticky;
+    if (r == CUDA_SUCCESS) {
+        G.stats.graph_launches++;
+        for (int i = 0; i < x->nodes.n && G.sticky == CUDA_SUCCESS; i++) {
+            const struct node *nd = &x->nodes.v[i];
+            if (nd->kind == NODE_KERNEL)
+                run_kernel_node(nd, call);       /* a fault shows later, as on the device */
+            else
+                run_copy_node(nd, call);
+        }
+    }
+    unlock();
+    return r;
+}
+
+static CUresult destroy(int kind, CUhandle h, const char *call)
+{
+    lock();
+    struct graph *g = slot_get(kind, h);
+    CUresult r = g ? CUDA_SUCCESS : refuse(CUDA_ERROR_INVALID_HANDLE, call, "%p is not live", h);
+    if (g)
+        nodes_free(&g->nodes), g->s.live = 0;
+    unlock();
+    return r;
+}
+
+CUresult cuGraphDestroy(CUhandle graph) { return destroy(H_GRAPH, graph, "cuGraphDestroy"); }
+CUresult cuGraphExecDestroy(CUhandle exec) { return destroy(H_EXEC, exec, "cuGraphExecDestroy"); }
