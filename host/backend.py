@@ -6,7 +6,7 @@ The run loop never knows which one it drives.  The base owns the shared rules (t
 window's chunk bounds, the device-buffer poison, launch-argument resolution); a backend writes only
 its primitives (`_upload_chunk`, `_buffer_arg`, ...), which raise NotImplementedError here.
 
-Protocol for one issue (SPEC §7), shared by both backends:
+Protocol for one issue (CONTRACT §7), shared by both backends:
   host writes the input record and the doorbell (sequence number) into staging,
   `issue(submission)` launches the instantiated submission (pre-launch release, kernels, final
   release), the host polls the mapped final-release payload in staging until it equals the sequence

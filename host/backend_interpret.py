@@ -38,8 +38,8 @@ from staging.views import StagingViews, allocate_host       # noqa: E402
 
 from .backend import Backend, DeviceError, DeviceInfo       # noqa: E402
 
-_TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "i32": torch.int32,
-                 "u32": torch.int32}   # u32 staging words are viewed as int32 (ids, doorbell < 2³¹)
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "i32": torch.int32,
+                "u32": torch.int32}   # u32 staging words are viewed as int32 (ids, doorbell < 2³¹)
 
 
 def _f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
@@ -153,7 +153,7 @@ class InterpretBackend(Backend):
     def _alloc(self, spec, fill: int) -> torch.Tensor:
         t = torch.empty(spec.nbytes, dtype=torch.uint8)
         t.fill_(fill)
-        return t.view(_TORCH_DTYPES[spec.dtype]).view(spec.shape)
+        return t.view(TORCH_DTYPES[spec.dtype]).view(spec.shape)
 
     # ---- payload through the transfer window (bounds checked by the base)
     def _window(self, nbytes: int) -> torch.Tensor:
@@ -176,9 +176,9 @@ class InterpretBackend(Backend):
         return self.buffers[ref.buffer].view(-1)[ref.offset:]
 
     def _staging_arg(self, ref) -> torch.Tensor:
-        size = _TORCH_DTYPES[ref.dtype].itemsize
+        size = TORCH_DTYPES[ref.dtype].itemsize
         end = SL.REGION_BYTES - (SL.REGION_BYTES - ref.offset) % size
-        return self._staging_bytes[ref.offset:end].view(_TORCH_DTYPES[ref.dtype])
+        return self._staging_bytes[ref.offset:end].view(TORCH_DTYPES[ref.dtype])
 
     def instantiate(self, t_base: int) -> None:
         plans = []

@@ -1,4 +1,4 @@
-"""The checkpoint envelope (SPEC §10): every magic, version and header offset, named once, and
+"""The checkpoint envelope (CONTRACT §10): every magic, version and header offset, named once, and
 the 16 KiB header's encoder and profile-independent decoder.
 
 `Header.decode(buf)` refuses anything that is not a structurally sound header with a
@@ -18,7 +18,7 @@ MAGIC = b"CPLSCKPT"
 VERSION = 1
 HEADER_BYTES = 16384
 
-# ---- header offsets (SPEC §10 table) ----
+# ---- header offsets (CONTRACT §10 table) ----
 OFF_MAGIC = 0
 OFF_VERSION = 8                 # u32
 OFF_HEADER_BYTES = 12           # u32

@@ -90,10 +90,11 @@ def run_show(args) -> int:
 
 
 def run_verify(args) -> int:
-    from .checkpoint import _where, load_chunks, read_header
+    from .checkpoint import load_chunks, read_header
     from .checkpoint_format import CheckpointRefused
+    from .checkpoint_io import describe
 
-    where = _where(args.path)
+    where = describe(args.path)
     header, st = read_header(args.path)
     if header is None:
         raise CheckpointRefused(f"{where}: 0 bytes — a zero-byte file selects fresh "

@@ -2,7 +2,7 @@
 
 Two files: section by section, the first difference (section, step, row), max abs/rel differences
 per section, and whether they are bit-identical.  More files: the classes of identical results, one
-row per class (SPEC §13), each file tested against each class's first member in argument order.
+row per class (CONTRACT §13), each file tested against each class's first member in argument order.
 
 `--across-backends` compares the numbers (forward and final logits, per-row losses, loss block,
 predictions) under tolerances and lists the fields that name the backend and device apart.

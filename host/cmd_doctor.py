@@ -165,7 +165,7 @@ def _graph_check(backend, report: Report) -> None:
     driver's refusal of them (the run then captures every edge in full: same bits, slower)."""
     import warnings
 
-    from .backend_cuda import ProgrammaticLaunchRefused
+    from .cuda_capture import ProgrammaticLaunchRefused
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ProgrammaticLaunchRefused)
         backend.instantiate(t_base=-1)

@@ -38,7 +38,7 @@ def register(sub) -> None:
 def run(args) -> int:
     from staging import paths
 
-    from . import result_file as RF
+    from . import result_reader as RF
     if args.plot:                # refuse a plot path that cannot be written before the work
         paths.check_output(args.plot, "plot", overwrite=True, exists_hint=None)
     rf = RF.read(args.result)
@@ -128,7 +128,7 @@ def summarize(rf, stream: dict | None = None) -> dict:
     from staging import layout as L
     from staging import records as R
     from staging.result_sections import SECTIONS
-    from .result_file import record_dict
+    from .result_reader import record_dict
 
     losses = rf.step_losses()                                    # (steps,) f64
     finite = np.isfinite(losses)
@@ -242,12 +242,20 @@ def _f(x, spec=".4f"):
 
 
 def render(info: dict, rf) -> None:
-    from rich import box
-    from .console import report_console, styled
-    from rich.table import Table
-
+    """The report `coppelius inspect` prints: what the file is, the losses, the timing, the
+    device's records, the predictions, the warnings."""
+    from .console import report_console
     c = report_console()
-    st, n = info["status"], info["error_notifier"]
+    _render_identity(c, info)
+    _render_losses(c, info, rf)
+    _render_timing(c, info)
+    _render_records(c, info)
+
+
+def _render_identity(c, info: dict) -> None:
+    """The path, profile and outcome; the size against the formula; the status block's run."""
+    from .console import styled
+    st = info["status"]
     ok = info["size"] == info["expected_size"]
     colour = "green" if info["outcome_code"] == 0 else "red"
     c.print(styled((str(info["path"]), "bold"), "  profile ", (info["profile"], "bold"),
@@ -264,6 +272,11 @@ def render(info: dict, rf) -> None:
             f"{st['update_count']:,}, publications {st['publications']}, wall "
             f"{st['wall_ns'] / 1e9:,.1f} s")
 
+
+def _render_losses(c, info: dict, rf) -> None:
+    """The loss table, the floor of the embedded stream, the curve, the publications."""
+    from rich.table import Table
+    st = info["status"]
     ls = info["loss_summary"]
     t = Table(title="loss (mean cross-entropy per step)", title_justify="left")
     for col in ("first", "last", "min (step)", f"mean last {LAST_N}", "non-finite"):
@@ -293,6 +306,12 @@ def render(info: dict, rf) -> None:
         c.print(f"publications started at update {shown}: {st['publications']} of {len(pubs)} "
                 "completed")
 
+
+def _render_timing(c, info: dict) -> None:
+    """The timestamp table's device step times and host gaps; the semaphores."""
+    from rich import box
+    from rich.table import Table
+    st = info["status"]
     tm = info["timing"]
     t = Table(title="timing (timestamp table)", title_justify="left")
     for col in ("", "p50", "p99", "max", "n"):
@@ -314,6 +333,13 @@ def render(info: dict, rf) -> None:
                   str(s["prelaunch_payload"]), str(s["prelaunch_timestamp"]))
     c.print(t)
 
+
+def _render_records(c, info: dict) -> None:
+    """The error notifier, the final predictions, the stat record, the warnings."""
+    from rich.table import Table
+
+    from .console import styled
+    st, n = info["status"], info["error_notifier"]
     if n["status"]:
         from staging.layout import SUBMISSIONS
         from staging.records import NOTIFIER_NO_STEP

@@ -1,4 +1,4 @@
-"""`coppelius tokenize SOURCE... -o CACHE`: encode files or directories into a token cache (SPEC §5).
+"""`coppelius tokenize SOURCE... -o CACHE`: encode sources into a token cache (CONTRACT §5).
 
 The header carries the sources' newest mtime and total size, taken before any file is read, so a
 source edited during or after tokenizing makes the cache stale.  Files are cut, in order, into
@@ -188,7 +188,7 @@ def run(args) -> int:
         raise tz.TokenizerRefused(
             f"tokenizer {args.tokenizer or tz.DEFAULT_TOKENIZER} has {ids} ids, more than the "
             f"{profile.name} vocabulary of {profile.vocab}",
-            f"train one with at most {profile.vocab} ids (tools/train_tokenizer.py --vocab)")
+            f"train one with at most {profile.vocab} ids (python -m tools.train_tokenizer --vocab)")
     eot = tz.end_of_text_id(tok)
     out = pathlib.Path(args.output)
     paths.check_output(out, "token cache", overwrite=args.force,

@@ -38,11 +38,10 @@ def run(args) -> int:
     from rich.table import Table
 
     from plan import reference
-    from staging import layout as L
     from staging.tokens import TokenCache
 
     from .errors import UserError
-    from .result_file import read
+    from .result_reader import read
 
     console = report_console()
     rf = read(args.result)
@@ -60,27 +59,7 @@ def run(args) -> int:
     cache = TokenCache.open(tokens, profile)
     cache.validate_run(c0, max(n, 1))
 
-    if c0 == 0:
-        P = reference.init_parameters(profile)
-        M = np.zeros_like(P)
-        V = np.zeros_like(P)
-    else:
-        if args.checkpoint is None:
-            raise UserError(f"{args.result} continued from update {c0}",
-                            "pass --checkpoint with the run's input checkpoint")
-        import hashlib
-        from . import checkpoint as ckpt
-        update_count, P, M, V = ckpt.load(args.checkpoint, profile)
-        if update_count != c0:
-            raise UserError(f"checkpoint {args.checkpoint} holds update {update_count}, "
-                            f"the result started at {c0}", "pass the run's input checkpoint")
-        digest = hashlib.sha256()
-        for plane in (P, M, V):
-            digest.update(memoryview(plane).cast("B"))
-        if digest.digest() != bytes(rf.stat["payload_sha256"]):
-            raise UserError(f"checkpoint {args.checkpoint} is not the payload the run loaded "
-                            "(payload SHA-256 differs from the stat record)",
-                            "pass the run's input checkpoint")
+    P, M, V = _starting_state(args, rf, c0)
 
     table = Table(title=f"verify {args.result} ({profile.name}, c0={c0}, {n} steps)")
     for col in ("what", "result", "reference", "max |Δ|", "tolerance", "verdict"):
@@ -117,6 +96,39 @@ def run(args) -> int:
     console.print(table)
     console.print("verified" if ok else styled(("verification failed", "red")))
     return 0 if ok else 1
+
+
+def _starting_state(args, rf, c0: int):
+    """(P, M, V) the run started from: fresh initialization at c0 = 0, else the run's input
+    checkpoint, which must hold update c0 and the payload the stat record names."""
+    import hashlib
+
+    import numpy as np
+
+    from plan import reference
+
+    from . import checkpoint as ckpt
+    from .errors import UserError
+
+    profile = rf.profile
+    if c0 == 0:
+        P = reference.init_parameters(profile)
+        return P, np.zeros_like(P), np.zeros_like(P)
+    if args.checkpoint is None:
+        raise UserError(f"{args.result} continued from update {c0}",
+                        "pass --checkpoint with the run's input checkpoint")
+    update_count, P, M, V = ckpt.load(args.checkpoint, profile)
+    if update_count != c0:
+        raise UserError(f"checkpoint {args.checkpoint} holds update {update_count}, "
+                        f"the result started at {c0}", "pass the run's input checkpoint")
+    digest = hashlib.sha256()
+    for plane in (P, M, V):
+        digest.update(memoryview(plane).cast("B"))
+    if digest.digest() != bytes(rf.stat["payload_sha256"]):
+        raise UserError(f"checkpoint {args.checkpoint} is not the payload the run loaded "
+                        "(payload SHA-256 differs from the stat record)",
+                        "pass the run's input checkpoint")
+    return P, M, V
 
 
 def profiles_rows():

@@ -1,6 +1,6 @@
 """Device time of an instantiated submission on the cuda backend, between driver events.
 
-Three measurements the device check makes (tools/gpu_check_launches.py), each through the
+Three measurements the device check makes (tools/gpu_check/launches.py), each through the
 backend's own graphs and packed launches (`CudaBackend.instantiate` made them):
   `time_submission`  the launch list replayed outside its graph with an event between launches,
                      behind graph replays queued ahead, and the graph between two events;
@@ -17,7 +17,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from . import driver as drv
+from .driver_stream import Event, elapsed_ms
 
 TIMING_LEAD_MIN = 2         # graph replays queued ahead of a timed launch list (at least) ...
 TIMING_LEAD_MAX = 32        # ... and at most (a host far slower than the device gains nothing more)
@@ -65,7 +65,7 @@ def time_submission(backend, submission: int, repeats: int,
     timing = SubmissionTiming(tuple(x.label for x in sub.launches),
                               tuple(x.kernel for x in sub.launches))
     stream = backend.dev.stream
-    events = [drv.Event() for _ in range(len(launches) + 5)]
+    events = [Event() for _ in range(len(launches) + 5)]
     lead_0, lead_1, graph_1, marks = events[0], events[1], events[2], events[3:]
     try:
         for r in range(repeats + 1):                        # repeat 0 warms up, not kept
@@ -83,14 +83,14 @@ def time_submission(backend, submission: int, repeats: int,
             enqueue_us = (time.perf_counter() - t) * 1e6
             marks[len(launches)].synchronize()
             backend.check()
-            graph_us = drv.elapsed_ms(lead_1, graph_1) * 1e3
-            lead_us = drv.elapsed_ms(lead_0, lead_1) * 1e3
+            graph_us = elapsed_ms(lead_1, graph_1) * 1e3
+            lead_us = elapsed_ms(lead_0, lead_1) * 1e3
             if r == 0:      # enough replays ahead that the host finishes enqueuing first
                 need = math.ceil(LEAD_MARGIN * enqueue_us / max(graph_us, 1e-3))
                 lead = min(max(lead, need), TIMING_LEAD_MAX)
                 timing.lead = lead
                 continue
-            timing.launch_us.append([drv.elapsed_ms(a, b) * 1e3
+            timing.launch_us.append([elapsed_ms(a, b) * 1e3
                                      for a, b in zip(marks, marks[1:len(launches) + 1])])
             timing.graph_us.append(graph_us)
             timing.enqueue_us.append(enqueue_us)
@@ -106,7 +106,7 @@ def time_graph(backend, submission: int, repeats: int, lead: int = TIMING_LEAD_M
     replays queued ahead (so the host's enqueue is not in it), after one warm-up repeat."""
     _check_repeats(repeats)
     graph, stream = backend._graphs[submission], backend.dev.stream
-    start, end = drv.Event(), drv.Event()
+    start, end = Event(), Event()
     out = []
     try:
         for r in range(repeats + 1):
@@ -118,7 +118,7 @@ def time_graph(backend, submission: int, repeats: int, lead: int = TIMING_LEAD_M
             end.synchronize()
             backend.check()
             if r:
-                out.append(drv.elapsed_ms(start, end) * 1e3)
+                out.append(elapsed_ms(start, end) * 1e3)
     finally:
         start.close()
         end.close()
@@ -130,7 +130,7 @@ def time_alone(backend, submission: int, indices, repeats: int) -> list:
     stream (event, launch, event, wait), `repeats` times after one warm-up launch."""
     _check_repeats(repeats)
     launches, stream = backend._params[submission], backend.dev.stream
-    start, end = drv.Event(), drv.Event()
+    start, end = Event(), Event()
     out = []
     try:
         for i in indices:
@@ -143,7 +143,7 @@ def time_alone(backend, submission: int, indices, repeats: int) -> list:
                 end.synchronize()
                 backend.check()
                 if r:
-                    row.append(drv.elapsed_ms(start, end) * 1e3)
+                    row.append(elapsed_ms(start, end) * 1e3)
             out.append(row)
     finally:
         start.close()

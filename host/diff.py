@@ -15,7 +15,7 @@ from staging.result_sections import SECTIONS
 from .backend import BackendUnavailable
 from .cmd_verify import ROW_ATOL
 from .diff_sections import compare_floats, compare_predictions, compare_records
-from .result_file import plain
+from .result_reader import plain
 
 # Fields that differ between two runs of the same bits: never make files "different"; listed apart.
 TIME_FIELDS = {

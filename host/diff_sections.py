@@ -14,7 +14,7 @@ from staging import layout as L
 from staging import records as R
 from staging.result_sections import SECTION
 
-from .result_file import plain
+from .result_reader import plain
 
 CHUNK_WORDS = 1 << 20      # compare 4 MiB at a time: memory stays flat even when every word differs
 

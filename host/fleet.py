@@ -1,4 +1,4 @@
-"""A fleet of result files grouped into classes of identical results (SPEC §13).
+"""A fleet of result files grouped into classes of identical results (CONTRACT §13).
 
 A file joins the first class, in argument order, whose *first member* it matches under the
 two-file rules (`host.diff.compare`); otherwise it opens a new class.  Membership is tested against
@@ -7,7 +7,7 @@ that one file, never against every member, so the classes depend only on the arg
 from __future__ import annotations
 
 from .diff import compare, describe, identity
-from .result_file import read
+from .result_reader import read
 
 
 def classify(paths, atol: float = 0.0, rtol: float = 0.0, across_backends: bool = False) -> dict:

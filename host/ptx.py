@@ -1,4 +1,4 @@
-"""Committed PTX and its manifests (SPEC §12): find, check and load a profile's kernels for a target.
+"""Committed PTX and its manifests (CONTRACT §12): find, check, load a profile's kernels for a target.
 
 `kernels_ptx/<profile>/<target>/manifest.json` is read exactly as tools/build_ptx.py writes it
 (its docstring has the schema): per entry its PTX file and that file's sha256, the `.entry` name,
@@ -14,14 +14,14 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import driver as drv
+from .driver_module import Kernel, Module
 from .errors import UserError
 
 # kernels_ptx/ sits beside host/ in the source tree and, as the wheel installs it (pyproject.toml
 # ships it as a top-level data package), in site-packages or a --target directory alike
 ROOT = Path(__file__).resolve().parents[1] / "kernels_ptx"
 MANIFEST = "manifest.json"
-REBUILD_HINT = ("rebuild with tools/build_ptx.py, or use a complete checkout or a wheel built from "
+REBUILD_HINT = ("rebuild with `python -m tools.build_ptx`, or use a complete checkout or a wheel built from "
                 "one (it ships kernels_ptx/)")
 
 # manifest scalar parameter types (Triton signatures) → the driver wrapper's ctypes names;
@@ -133,14 +133,14 @@ class Manifest:
     def kernels(self, closers: list) -> dict:
         """Load every PTX file once (module per file) and return launch-ready kernels by key,
         each with the attributes the driver reports for its function."""
-        modules: dict[Path, drv.Module] = {}
+        modules: dict[Path, Module] = {}
         out = {}
         for e in self.entries.values():
             if e.file not in modules:
-                modules[e.file] = drv.Module(e.read(), self.display_name(e))
+                modules[e.file] = Module(e.read(), self.display_name(e))
                 closers.append(modules[e.file])
             module = modules[e.file]
-            out[e.key] = drv.Kernel(module.function(e.entry), e.key, list(e.param_types),
+            out[e.key] = Kernel(module.function(e.entry), e.key, list(e.param_types),
                                     e.threads, e.shared, scratch=e.scratch,
                                     spills=module.spills(e.entry), pdl=e.pdl)
         return out

@@ -14,7 +14,7 @@ class Publisher:
     two updates, ~0.25 ms for 692 MB on an H200), and streams the snapshot through the transfer
     window on a thread; the step loop keeps issuing updates meanwhile.  `wait()` joins it and
     re-raises its error.  Publishing is ~2 s per 692 MB checkpoint on the 2-core CI machine
-    (docs/PERFORMANCE.md, issue 5): ten of them would otherwise stop the GPU for longer than the
+    (docs/PERFORMANCE.md): ten of them would otherwise stop the GPU for longer than the
     10,000 steps take.
     """
 

@@ -2,8 +2,8 @@
 
 One `Ring` per run.  `issue()` writes the sequence number into the doorbell and launches the
 instantiated submission; `wait()` polls the submission's final-release payload in staging until it
-equals that sequence number, checking the backend for device errors while it polls (SPEC §7).
-Every issue gets one timestamp-table entry (SPEC §7), filled in place in a preallocated array.
+equals that sequence number, checking the backend for device errors while it polls (CONTRACT §7).
+Every issue gets one timestamp-table entry (CONTRACT §7), filled in place in a preallocated array.
 """
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 """The run loop: one invocation = lock, validate, load or initialize, forward, N updates, final, tail.
 
-SPEC §2 and §7–§9.  The host never computes model math here: it stages inputs, rings the doorbell,
-waits on fences, appends each step's loss window to the result file, publishes checkpoints through
-the transfer window, and writes the tail — on completion, device failure, host failure or interruption.
+CONTRACT §2 and §7–§9.  The host never computes model math here: it stages inputs, rings the
+doorbell, waits on fences, appends each step's loss window to the result file, publishes checkpoints
+through the transfer window, and writes the tail — on completion, device failure, host failure or
+interruption.  What the tail's host records hold is host/run_records.py's.
 """
 from __future__ import annotations
 
@@ -29,8 +30,10 @@ from .backend_cuda import CudaBackend
 from .errors import UserError
 from .levels import RunLevels
 from .publisher import Publisher
-from .result_file import ResultWriter
+from .result_writer import ResultWriter
 from .ring import DEFAULT_FENCE_TIMEOUT_S, Ring
+from .run_records import (Failure, MarkerSurvived, Notifier, failure_of, stat_record,
+                          status_block, tail_sections)
 
 SWITCH_INTERVAL_S = 2e-4    # GIL hand-over bound while a publisher thread runs beside the loop
 PUBLISHER_JOIN_S = 60.0     # after an unexpected error: a 692 MB publication takes ~2 s on CI
@@ -204,18 +207,8 @@ def run(req: Request, progress: Progress | None = None) -> Summary:
                     return _Invocation(req, opened, backend, writer, progress, signals).run()
 
 
-class _MarkerSurvived(Exception):
-    """A record marker the submission should have overwritten is still there (SPEC §6)."""
-
-    def __init__(self, name: str):
-        super().__init__(f"{name} record marker survived")
-        self.submission = L.SUBMISSIONS.index(name)
-
-
 # what ends a run with its tail written; anything else (a host bug) propagates without one
-_FAILURES = (_MarkerSurvived, DeviceError, OSError, ckpt_mod.CheckpointWriteFailed)
-NO_DRIVER_CODE = 0xFFFF         # notifier info32 of a device error without a CUresult
-REASON_BYTES = R.ERROR_NOTIFIER.dtype["reason"].itemsize      # 40 ASCII bytes (SPEC §8)
+_FAILURES = (MarkerSurvived, DeviceError, OSError, ckpt_mod.CheckpointWriteFailed)
 
 
 @dataclass
@@ -227,70 +220,6 @@ class Opened:
     checkpoint: Path            # as the user named it (messages, the summary)
     result: Path
     publish_to: Path            # the resolved checkpoint path: locked, read, published
-
-
-class _Notifier:
-    """The error notifier in staging (SPEC §8): cleared at the start; the first failure, or an
-    interruption, fills it once."""
-
-    def __init__(self, record: np.void, ring: Ring):
-        self.record, self.ring = record, ring
-        record.fill(0)
-        record["step"] = R.NOTIFIER_NO_STEP
-
-    def fill(self, *, info32: int, submission: int, step: int | None, reason: str,
-             status: int) -> None:
-        n = self.record
-        n["time_ns"] = time.clock_gettime_ns(time.CLOCK_REALTIME)
-        n["info32"] = info32
-        n["info16"] = submission
-        n["status"] = status
-        n["sequence"] = self.ring.gp_put
-        n["step"] = R.NOTIFIER_NO_STEP if step is None else step
-        n["reason"] = reason.encode("ascii", "replace")[:REASON_BYTES]
-
-
-def _current_submission(ring: Ring) -> int:
-    if ring.gp_put == 0:
-        return L.SUBMISSION_FORWARD
-    return int(ring.table[ring.gp_put - 1]["submission"])
-
-
-@dataclass(frozen=True)
-class _Failure:
-    """What a failure leaves: the notifier's fields (`reason` puts the cause first, as 40 bytes
-    keep only the start) and the summary's whole message."""
-    outcome: int
-    info32: int
-    submission: int
-    step: int | None
-    reason: str
-    message: str
-
-
-def _host_cause(e: BaseException) -> str:
-    """The cause of a host failure in a few words, errno name first: 'ENOSPC writing chunk 1 of
-    2' (a publication), 'EIO: Input/output error' (another OSError)."""
-    if isinstance(e, ckpt_mod.CheckpointWriteFailed) and e.stage:
-        return f"{paths.errno_name(e)} {e.stage}" if e.errno else e.stage
-    if isinstance(e, OSError) and e.errno:
-        return f"{paths.errno_name(e)}: {e.strerror}"
-    return getattr(e, "message", None) or str(e)
-
-
-def _failure(e: BaseException, ring: Ring, step: int | None, during: str = "") -> _Failure:
-    """The notifier fields and summary message that a failure leaves."""
-    if isinstance(e, _MarkerSurvived):
-        return _Failure(R.OUTCOME_DEVICE_ERROR, R.INFO_MARKER_SURVIVED, e.submission, None,
-                        str(e), str(e))
-    if isinstance(e, DeviceError):
-        return _Failure(R.OUTCOME_DEVICE_ERROR, e.code or NO_DRIVER_CODE,
-                        _current_submission(ring), step, during + str(e), during + str(e))
-    message = str(e)
-    if isinstance(e, OSError) and not isinstance(e, UserError):
-        message = f"host I/O: {paths.errno_text(e)}" + (f": {e.filename}" if e.filename else "")
-    return _Failure(R.OUTCOME_HOST_ERROR, R.INFO_HOST_IO, _current_submission(ring), None,
-                    _host_cause(e), message)
 
 
 @contextlib.contextmanager
@@ -305,41 +234,9 @@ def _switch_interval(seconds: float):
 
 
 def _upload_fresh(backend, profile) -> None:
-    """Fresh initialization (SPEC §4) through the transfer window: P drawn, M = V = 0."""
+    """Fresh initialization (CONTRACT §4) through the transfer window: P drawn, M = V = 0."""
     P = reference.init_parameters(profile)                          # (N,) fp32
     backend.upload_payload(P.view(np.uint8))                        # zeros after P
-
-
-def _stat_record(inp, ring: Ring, views, payload_sha256: bytes) -> bytes:
-    st = inp.restat()                   # the input as opened at the start, taken after the run
-    return R.STAT_RECORD.pack(
-        st_dev=st.st_dev, st_ino=st.st_ino, st_size=st.st_size, st_mode=st.st_mode,
-        st_nlink=st.st_nlink, st_uid=st.st_uid, st_gid=st.st_gid, st_atime_ns=st.st_atime_ns,
-        st_mtime_ns=st.st_mtime_ns, st_ctime_ns=st.st_ctime_ns, st_blocks=st.st_blocks,
-        st_blksize=st.st_blksize, update_count=inp.update_count, gp_get=ring.gp_get,
-        gp_put=ring.gp_put, semaphore_word=int(views.first_semaphore_word[0]),
-        payload_sha256=np.frombuffer(payload_sha256, np.uint8))
-
-
-def _status_block(summary: Summary, ring: Ring, backend, views, checkpoint_sha256: bytes) -> bytes:
-    dev = backend.device()
-    return R.STATUS_BLOCK.pack(
-        magic=R.STATUS_MAGIC, version=R.STATUS_VERSION, outcome=summary.outcome, c0=summary.c0,
-        steps_planned=summary.steps_planned, steps_completed=summary.steps_completed,
-        update_count=summary.update_count, gp_get=ring.gp_get, gp_put=ring.gp_put,
-        publications=summary.publications, backend=backend.code,
-        wall_ns=int(summary.wall_s * 1e9), predictions=views.predictions.copy(),
-        compute_capability=dev.compute_capability, driver_version=dev.driver_version,
-        checkpoint_sha256=np.frombuffer(checkpoint_sha256, np.uint8),
-        device_name=dev.name.encode("ascii", "replace")[:24])
-
-
-def tail_sections(views, stat: bytes, status: bytes, timestamps: np.ndarray) -> dict:
-    """The result file's tail (SPEC §9): the stat record and status block the host packs, the
-    rest copied from the staging views as the run left them."""
-    return dict(stat=stat, loss_block=views.loss_block, final_part=views.record_final,
-                semaphores=views.semaphores, error_notifier=views.error_notifier,
-                status=status, timestamps=timestamps)
 
 
 class _Invocation:
@@ -357,7 +254,7 @@ class _Invocation:
                                result=opened.result, checkpoint=opened.checkpoint)
         self.ring = Ring(backend, capacity=self.steps + 2, timeout_s=req.fence_timeout_s)
         self.publisher = Publisher(backend, opened.publish_to, self.profile, self.summary, progress)
-        self.notifier = _Notifier(self.views.error_notifier[0], self.ring)
+        self.notifier = Notifier(self.views.error_notifier[0], self.ring)
         self.payload_sha256 = bytes(32)     # of the loaded checkpoint's payload; zeros when fresh
         self.forward_part: np.ndarray | None = None   # (3, V) f32, written with the first step
         self.forward_offset = L.record_forward_offset(self.profile)
@@ -390,12 +287,12 @@ class _Invocation:
                 self.final(context)
         except _FAILURES as e:
             step = summary.steps_completed if summary.steps_completed < self.steps else None
-            self.record_failure(_failure(e, self.ring, step))
+            self.record_failure(failure_of(e, self.ring, step))
         # the last publication must be complete (and its digest known) before the tail
         try:
             self.publisher.wait()
         except _FAILURES as e:
-            self.record_failure(_failure(e, self.ring, None, during="publication: "))
+            self.record_failure(failure_of(e, self.ring, None, during="publication: "))
         if summary.outcome == R.OUTCOME_INTERRUPTED:
             self.notifier.fill(info32=0, submission=L.SUBMISSION_UPDATE,
                                step=summary.steps_completed, reason=summary.error,
@@ -425,7 +322,7 @@ class _Invocation:
         self.views.write_marker(self.forward_offset)
         self.ring.run(L.SUBMISSION_FORWARD, self.c0, None)
         if self.views.marker_survived(self.forward_offset):
-            raise _MarkerSurvived("forward")
+            raise MarkerSurvived("forward")
         self.forward_part = np.array(self.views.record_forward, copy=True)
 
     def updates(self) -> int:
@@ -464,9 +361,9 @@ class _Invocation:
         self.views.write_marker(self.final_offset)
         self.ring.run(L.SUBMISSION_FINAL, context, None)
         if self.views.marker_survived(self.final_offset):
-            raise _MarkerSurvived("final")
+            raise MarkerSurvived("final")
 
-    def record_failure(self, failure: _Failure) -> None:
+    def record_failure(self, failure: Failure) -> None:
         """The first failure is the one the summary and the notifier keep (an interruption
         before it is overridden)."""
         if self.summary.outcome not in (R.OUTCOME_COMPLETED, R.OUTCOME_INTERRUPTED):
@@ -477,7 +374,7 @@ class _Invocation:
                            status=R.NOTIFIER_STATUS_ERROR)
 
     def write_tail(self) -> None:
-        stat = _stat_record(self.opened.inp, self.ring, self.views, self.payload_sha256)
-        status = _status_block(self.summary, self.ring, self.backend, self.views,
+        stat = stat_record(self.opened.inp, self.ring, self.views, self.payload_sha256)
+        status = status_block(self.summary, self.ring, self.backend, self.views,
                                self.publisher.sha256)
         self.writer.write_tail(**tail_sections(self.views, stat, status, self.ring.entries()))

@@ -64,7 +64,7 @@ def load(path=None):
     except Exception as e:      # tokenizers raises a bare Exception for malformed JSON
         raise TokenizerRefused(f"tokenizer {path} is not a tokenizers JSON file: "
                                f"{(str(e).splitlines() or [type(e).__name__])[0][:120]}",
-                               "train one with tools/train_tokenizer.py") from None
+                               "train one with `python -m tools.train_tokenizer`") from None
 
 
 def vocabulary_size(tokenizer) -> int:

@@ -1,21 +1,13 @@
-"""Helpers for the kernel tests (issue #7): interpreter setup, poisoned outputs, named tolerances.
+"""Helpers for the kernel tests: poisoned outputs, bf16 conversions, checks that name the element.
 
-Importing this imports host.backend_interpret first, which sets TRITON_INTERPRET=1 and repairs the
-interpreter before any plan.kernels module is decorated.
+Triton's interpreter is set up by tests/conftest.py; the tolerances are tests/tolerances.py's.
 """
 from __future__ import annotations
 
-import host.backend_interpret as backend_interpret  # noqa: F401  (must precede plan.kernels)
 import numpy as np
 import torch
 
 from plan import reference as ref
-from plan.launch_types import cdiv, next_pow2  # noqa: F401  (re-exported for the kernel tests)
-
-# Named tolerances, relative to the largest magnitude of the expected array.
-SAME_OPERANDS = 2e-6        # same bf16 operands, fp32 accumulation in another order
-ONE_BF16_ULP = 2.0 ** -7    # a bf16 output may round the other way when its fp32 value sits on a tie
-ELEMENTWISE = 1e-6          # fp32 elementwise math (exp/log/div differ by an ulp or two)
 
 
 def poisoned(shape, dtype=torch.float32) -> torch.Tensor:
@@ -25,8 +17,27 @@ def poisoned(shape, dtype=torch.float32) -> torch.Tensor:
     return t
 
 
-def bf16_tensor(x: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(ref.bf16(np.asarray(x, np.float32))).to(torch.bfloat16)
+def bf16_bits(x) -> np.ndarray:
+    """fp32 values → their bf16 bit patterns, round to nearest even (the reference's bf16)."""
+    return (ref.bf16(x).view(np.uint32) >> np.uint32(16)).astype(np.uint16)
+
+
+def bf16_values(bits) -> np.ndarray:
+    """bf16 bit patterns → the fp32 values they stand for (exact)."""
+    return (np.asarray(bits).astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
+def bf16_tensor(x) -> torch.Tensor:
+    """A bf16 tensor of the reference's rounding of x."""
+    return torch.from_numpy(np.ascontiguousarray(bf16_bits(x)).view(np.int16)).view(torch.bfloat16)
+
+
+def ssq_parts(x: np.ndarray, parts: int) -> np.ndarray:
+    """(parts, M) per-row Σ x² of x (M, K) over `parts` column chunks: what a residual producer's
+    column tiles write for the norm prologue that reads them."""
+    bounds = np.linspace(0, x.shape[1], parts + 1).astype(int)
+    return np.stack([(x[:, a:b] * x[:, a:b]).sum(1, dtype=np.float32)
+                     for a, b in zip(bounds[:-1], bounds[1:])])
 
 
 def f32(t: torch.Tensor) -> np.ndarray:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import math
 import re
 
-import kernels_support  # noqa: F401  (sets up the interpreter before plan.kernels is imported)
 import numpy as np
 import pytest
 import torch
 
+from host.backend_interpret import TORCH_DTYPES
 from plan import launches, profiles
 from plan import reference as ref
 from plan import reference_numerics, reference_stages
@@ -27,7 +27,7 @@ def _launches(profile, function: str):
 
 
 def test_rms_eps_is_one_value_everywhere():
-    assert profiles.RMS_EPS == 1e-6                                    # SPEC §3
+    assert profiles.RMS_EPS == 1e-6                                    # CONTRACT §3
     assert meta.RMS_EPS == profiles.RMS_EPS
     assert norms.RMS_EPS.value == meta.RMS_EPS                         # the row kernels' constexpr
     assert reference_numerics.RMS_EPS == np.float32(profiles.RMS_EPS)
@@ -35,7 +35,7 @@ def test_rms_eps_is_one_value_everywhere():
 
 
 def test_rotary_base_is_one_value_everywhere():
-    assert profiles.ROPE_BASE == 10000.0                               # SPEC §3
+    assert profiles.ROPE_BASE == 10000.0                               # CONTRACT §3
     # the kernel spells the base as its float64 natural log: exp(-2i/d · ln 10000)
     assert rotary.LN_ROPE_BASE.value == math.log(profiles.ROPE_BASE)
     # the reference's table: angle = pos · base^(-2i/d), float64, rounded once
@@ -54,15 +54,15 @@ def test_attention_scale_is_the_reference_scale(name):
         assert c["SCALE"] == want, f"{launch.label}: SCALE {c['SCALE']!r} != reference {want!r}"
         assert (c["HEADS"], c["KV_HEADS"], c["HEAD_DIM"]) == (prof.heads, prof.kv_heads, prof.head_dim)
     if name == "coppelius":
-        assert want == 0.125                                           # SPEC §3: 1/8 for d = 64
+        assert want == 0.125                                           # CONTRACT §3: 1/8 for d = 64
 
 
 @pytest.mark.parametrize("name", PROFILES)
 @pytest.mark.parametrize("t", [1, 7, 10000])
 def test_adamw_constants_are_the_reference_learners(name, t):
     prof = profiles.get(name)
-    # every launch that applies AdamW (issue 14: the weight-gradient launches, embed_grad and,
-    # for E's absent rows, embed_decay)
+    # every launch that applies AdamW (the weight-gradient launches, embed_grad and, for E's
+    # absent rows, embed_decay)
     updates = (_launches(prof, "weight_grad") + _launches(prof, "embed_grad")
                + _launches(prof, "embed_decay"))
     assert len(_launches(prof, "embed_decay")) == 1
@@ -132,8 +132,10 @@ def test_epilogue_codes_are_the_kernels():
 
 
 def test_dtype_sizes_are_the_element_sizes():
-    sizes = {"fp32": torch.float32, "bf16": torch.bfloat16, "i32": torch.int32, "u32": torch.uint32}
-    for name, dtype in sizes.items():
+    """The plan's element sizes are those of the torch dtypes the interpret backend gives each
+    buffer (u32 words viewed as int32: the same 4 bytes)."""
+    assert set(TORCH_DTYPES) == set(DTYPE_BYTES)
+    for name, dtype in TORCH_DTYPES.items():
         assert DTYPE_BYTES[name] == torch.empty((), dtype=dtype).element_size(), name
 
 

@@ -1,9 +1,8 @@
-"""Issue 14: the H200 cost model (tools/cost_model.py) — two launches computed by hand, the JSON
+"""The H200 cost model (tools/cost/) — two launches computed by hand, the JSON
 schema, the registry covering every launch, refusals, and the model-vs-measured table."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import math
 import os
@@ -17,13 +16,17 @@ import pytest
 from host.errors import UserError
 from plan import launches, profiles
 from plan.buffers import buffers
+from plan.launch_graph import programmatic
 from plan.launch_types import MAIN_LANE
+from tools.cost import inputs as ci
+from tools.cost import lanes
+from tools.cost.bounds import makespan
+from tools.cost.kernel_stats import KernelStats, occupancy
+from tools.cost.kernels import REGISTRY
+from tools.cost.per_launch import cost, model
+from tools.cost.report import report
 
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("cost_model", ROOT / "tools" / "cost_model.py")
-cm = importlib.util.module_from_spec(_spec)
-sys.modules["cost_model"] = cm
-_spec.loader.exec_module(cm)
 
 PROD = profiles.get("coppelius")
 UPDATE = {l.label: l for l in launches.submissions(PROD)[1].launches}
@@ -38,28 +41,28 @@ def fake_stats(profile, regs: int = 64) -> dict:
     """ptxas-free figures: every kernel at `regs` registers, shared memory, threads and `pdl`
     from the committed manifest (the figures the model reads besides the registers)."""
     m = json.loads((ROOT / "kernels_ptx" / profile.name / "sm_90a" / "manifest.json").read_text())
-    return {e: cm.KernelStats(regs, r["shared"], r["threads"], pdl=r["pdl"])
+    return {e: KernelStats(regs, r["shared"], r["threads"], pdl=r["pdl"])
             for e, r in m["kernels"].items()}
 
 
 def test_inputs_the_hand_computations_use():
     # the hand arithmetic below is written with these literal values
-    assert cm.SMS == 132 and cm.CLOCK_HZ == 1.98e9
-    assert (cm.BF16_FLOPS.optimistic, cm.BF16_FLOPS.central, cm.BF16_FLOPS.pessimistic) == (798e12, 640e12, 480e12)
-    assert (cm.L2_BW.optimistic, cm.L2_BW.central, cm.L2_BW.pessimistic) == (10e12, 7.5e12, 5.5e12)
-    assert cm.SM_L2_BW.central == 48 * 1.98e9 and cm.HBM_BW.central == 3.8e12
-    assert cm.PHASE.central == 0.04e-6 and cm.HBM_LATENCY.central == 0.6e-6
-    assert (cm.LAUNCH.optimistic, cm.LAUNCH.central, cm.LAUNCH.pessimistic) == (1.5e-6, 2.5e-6, 3.5e-6)
-    assert cm.MUFU_PER_CLK == 16 and cm.ALU_PER_CLK == 128
-    for name, r in cm.INPUTS.items():
+    assert ci.SMS == 132 and ci.CLOCK_HZ == 1.98e9
+    assert (ci.BF16_FLOPS.optimistic, ci.BF16_FLOPS.central, ci.BF16_FLOPS.pessimistic) == (798e12, 640e12, 480e12)
+    assert (ci.L2_BW.optimistic, ci.L2_BW.central, ci.L2_BW.pessimistic) == (10e12, 7.5e12, 5.5e12)
+    assert ci.SM_L2_BW.central == 48 * 1.98e9 and ci.HBM_BW.central == 3.8e12
+    assert ci.PHASE.central == 0.04e-6 and ci.HBM_LATENCY.central == 0.6e-6
+    assert (ci.LAUNCH.optimistic, ci.LAUNCH.central, ci.LAUNCH.pessimistic) == (1.5e-6, 2.5e-6, 3.5e-6)
+    assert ci.MUFU_PER_CLK == 16 and ci.ALU_PER_CLK == 128
+    for name, r in ci.INPUTS.items():
         assert r.source and r.optimistic is not None, name
 
 
 def test_hand_matmul_mlp_backward_dh():
     """dh = dab16 (T, 2F) @ [Wgate|Wup] (2F, D): M=1024, N=512, K=5504, 128×128 tiles, K split in
-    4 ranges (issue 14 item 5): 32 tiles × 4 = 128 programs, EPI_F32 partials (4, T, D)."""
+    4 ranges: 32 tiles × 4 = 128 programs, EPI_F32 partials (4, T, D)."""
     launch = UPDATE["layers.0.mlp_backward.dh"]
-    c = cm.cost(launch, buffers(PROD), {launch.kernel: cm.KernelStats(108, 98304, 256)})
+    c = cost(launch, buffers(PROD), {launch.kernel: KernelStats(108, 98304, 256)})
     # occupancy: 108 regs × 32 = 3456 → 3584 per warp → 16384 // 3584 = 4 warps per sub-partition
     # → 16 warps → 2 blocks of 8 warps; shared (98304 + 1024) → 233472 // 99328 = 2: 2 per SM
     # (registers, the first of the equal limits).  128 programs on 264 slots: 1 round
@@ -93,12 +96,12 @@ def test_hand_matmul_mlp_backward_dh():
 
 
 def test_hand_attention_backward_dkdv_chunks():
-    """attention_bwd (issue 14 item 4; round 5's chunk): the dK/dV work of each (kv block, kv
+    """attention_bwd: the dK/dV work of each (kv block, kv
     head) — 2 query heads × the query blocks from the diagonal — cut into chunks of ≤ 12 trips:
     120 programs, all resident at once (on fewer SMs than the side lane leaves); the longest
     chunk's chain binds, above the total L2 traffic."""
     launch = UPDATE["layers.0.attention_backward"]
-    c = cm.cost(launch, buffers(PROD), {launch.kernel: cm.KernelStats(192, 57856, 128)})
+    c = cost(launch, buffers(PROD), {launch.kernel: KernelStats(192, 57856, 128)})
     # chunks per kv block n: ⌈2·(16 − n) / 12⌉ = 3,3,3,3,2,2,2,2,2,2,1,1,1,1,1,1 (30) × 4 kv heads
     assert c.programs == 30 * 4 == 120
     # occupancy: 192 × 32 = 6144 per warp → 16384 // 6144 = 2 warps per sub-partition → 8 warps →
@@ -127,16 +130,16 @@ def test_hand_attention_backward_dkdv_chunks():
     _close(c.bounds_us["l2"]["central"], l2 / 7.5e12 * US, "l2")                      # 5.62 µs
     assert c.binding["central"] == "serial"
     _close(c.us["central"], (serial + 2.5e-6) * US, "central")                       # 15.09 µs
-    # at 5 trips (round 4): 244 programs, L2-bound at 8.93 µs alone, but two rounds on the 67 SMs
-    # the side lane leaves; before the split (issue 14): 33.7 µs, 32 trips of kv block 0
+    # at 5 trips per chunk: 244 programs, L2-bound at 8.93 µs alone, but two rounds on the 67 SMs
+    # the side lane leaves; unsplit: 33.7 µs, 32 trips of kv block 0
 
 
 def test_hand_weight_grad_attention_half():
-    """weight_grad of layer 0's attention half (issue 14 item 3, on the side lane since round 2):
+    """weight_grad of layer 0's attention half (on the side lane):
     dWo (512, 512) and dWqkv (1024, 512) over K = T = 1024 in 128×128 tiles (16 + 32) with AdamW
     in the epilogue; 48 tiles ≤ dw_programs = 65, so one program per tile."""
     launch = UPDATE["layers.0.attention_backward.dW+adamw"]
-    c = cm.cost(launch, buffers(PROD), {launch.kernel: cm.KernelStats(226, 98304, 256)})
+    c = cost(launch, buffers(PROD), {launch.kernel: KernelStats(226, 98304, 256)})
     # occupancy: 226 × 32 = 7232 → 7424 per warp → 16384 // 7424 = 2 warps per sub-partition →
     # 8 warps → 1 block (registers; shared would allow 2)
     assert (c.programs, c.per_sm, c.occupancy_limit) == (48, 1, "registers")
@@ -151,8 +154,8 @@ def test_hand_weight_grad_attention_half():
     fixed = epi + 0.04e-6 + 120 * 8 / clk + 0.25e-6 + 0.6e-6                           # 5.857 µs
     dw = 16 * trip + fixed                                                              # 13.42 µs
     _close(c.bounds_us["serial"]["central"], dw * US, "serial")
-    # HBM: each product's dy and x once and 26 B per parameter element (no norm rows since
-    # round 2: the norm backward is its own main-lane launch)
+    # HBM: each product's dy and x once and 26 B per parameter element (no norm rows: the
+    # norm backward is its own main-lane launch)
     hbm = (1024 * 512 * 2 * 2 + 512 * 512 * 26) + (1024 * 1024 * 2 + 1024 * 512 * 2 + 1024 * 512 * 26)
     _close(c.hbm_bytes, hbm, "hbm bytes")                                               # 25.7 MB
     _close(c.bounds_us["hbm"]["central"], hbm / 3.8e12 * US, "hbm")                     # 6.76 µs
@@ -164,11 +167,11 @@ def test_hand_weight_grad_attention_half():
 
 
 def test_hand_weight_grad_mlp_half_loops():
-    """The MLP half at `mlp_dw_tile` = 128×256 (round 5): dWdown (512, 2752) and dWgate|up
+    """The MLP half at `mlp_dw_tile` = 128×256: dWdown (512, 2752) and dWgate|up
     (5504, 512) are 4·11 + 43·2 = 130 tiles on dw_programs = 65 programs: each runs 2 tiles after
     one doorbell read and one set of bias corrections; the serial chain is a 2-tile program."""
     launch = UPDATE["layers.0.mlp_backward.dW+adamw"]
-    c = cm.cost(launch, buffers(PROD), {launch.kernel: cm.KernelStats(250, 147456, 256)})
+    c = cost(launch, buffers(PROD), {launch.kernel: KernelStats(250, 147456, 256)})
     assert (c.programs, c.per_sm, c.serial_iterations) == (65, 1, 2 * 16)
     sm, clk, path = 640e12 / 132, 1.98e9, 48 * 1.98e9
     e = 128 * 256
@@ -182,11 +185,11 @@ def test_hand_weight_grad_mlp_half_loops():
 
 
 def test_hand_residual_norm():
-    """Layer 0's residual_norm (issue 14 round 5): 4 rows per program (256 programs), the
+    """Layer 0's residual_norm: 4 rows per program (256 programs), the
     residual and the mlp down's 4 split-K partials in, their sum, the next norm's bf16 rows and r
     out — HBM-bound: every partial is charged as an HBM read, like the norm backward's."""
     launch = UPDATE["layers.0.mlp.residual+norm"]
-    c = cm.cost(launch, buffers(PROD), {launch.kernel: cm.KernelStats(54, 4096, 128)})
+    c = cost(launch, buffers(PROD), {launch.kernel: KernelStats(54, 4096, 128)})
     # occupancy: 54 → 56 registers × 32 = 1,792 per warp → 9 warps per sub-partition → 36 → 9
     # blocks of 4 warps; 256 programs on 1,188 slots: one round
     assert (c.programs, c.per_sm, c.rounds) == (256, 9, 1)
@@ -210,18 +213,18 @@ def test_every_launch_of_every_submission_is_costed(profile):
     p = profiles.get(profile)
     stats = fake_stats(p)
     for sub in launches.submissions(p):
-        costs = cm.model(p, sub.name, stats)
+        costs = model(p, sub.name, stats)
         assert len(costs) == len(sub.launches)
         for c in costs:
-            assert c.function in cm.REGISTRY
+            assert c.function in REGISTRY
             assert 0 < c.us["optimistic"] <= c.us["central"] <= c.us["pessimistic"], c.label
             assert c.programs == math.prod(next(l for l in sub.launches if l.label == c.label).grid)
 
 
 def test_json_schema_and_totals():
-    j = json.loads(cm.report("coppelius", "sm_90a", "update", as_json=True, stats=fake_stats(PROD)))
+    j = json.loads(report("coppelius", "sm_90a", "update", as_json=True, stats=fake_stats(PROD)))
     assert j["launches"] == len(UPDATE) == len(j["per_launch"])
-    assert set(j["update_us"]) == set(cm.SCENARIOS)
+    assert set(j["update_us"]) == set(ci.SCENARIOS)
     keys = {"label", "kernel", "function", "bucket", "grid", "programs", "threads", "regs", "smem",
             "spill", "per_sm", "occupancy_limit", "rounds", "programs_per_sm", "flops", "l2_bytes",
             "hbm_bytes", "staging_read_bytes", "staging_requests", "staging_write_bytes",
@@ -229,11 +232,11 @@ def test_json_schema_and_totals():
     for e in j["per_launch"]:
         assert keys <= set(e), keys - set(e)
         assert set(e["bounds_us"]) == {"tensor", "pipes", "l2", "hbm", "pcie", "serial"}
-        for s in cm.SCENARIOS:
+        for s in ci.SCENARIOS:
             bind = e["binding"][s]
             assert e["bounds_us"][bind][s] == max(v[s] for v in e["bounds_us"].values())
-            _close(e["us"][s], e["bounds_us"][bind][s] + cm.LAUNCH[s] * US, f"{e['label']} {s}")
-    for s in cm.SCENARIOS:
+            _close(e["us"][s], e["bounds_us"][bind][s] + ci.LAUNCH[s] * US, f"{e['label']} {s}")
+    for s in ci.SCENARIOS:
         _close(j["serial_sum_us"][s], sum(e["us"][s] for e in j["per_launch"]), f"total {s}")
         _close(sum(b["us"][s] for b in j["buckets"]), j["serial_sum_us"][s], f"buckets {s}")
         _close(sum(j["where_us"][s].values()), j["serial_sum_us"][s], f"where {s}")
@@ -248,18 +251,18 @@ def test_json_schema_and_totals():
         # the floors by hand, and no schedule beats them: the lane model shares L2 and HBM
         # bandwidth, so two launches working at once never move more than the chip does
         f = j["floors_us"][s]
-        _close(f["l2"], sum(e["l2_bytes"] for e in j["per_launch"]) / cm.L2_BW[s] * US, f"L2 floor {s}")
-        _close(f["hbm"], sum(e["hbm_bytes"] for e in j["per_launch"]) / cm.HBM_BW[s] * US,
+        _close(f["l2"], sum(e["l2_bytes"] for e in j["per_launch"]) / ci.L2_BW[s] * US, f"L2 floor {s}")
+        _close(f["hbm"], sum(e["hbm_bytes"] for e in j["per_launch"]) / ci.HBM_BW[s] * US,
                f"HBM floor {s}")
-        _close(f["tensor"], sum(e["flops"] for e in j["per_launch"]) / cm.BF16_FLOPS[s] * US,
+        _close(f["tensor"], sum(e["flops"] for e in j["per_launch"]) / ci.BF16_FLOPS[s] * US,
                f"tensor floor {s}")
         main = [e for e in j["per_launch"] if UPDATE[e["label"]].lane == MAIN_LANE]
         quick = sum(e["programmatic"] for e in main)
         assert quick == len(main) - 3          # not the stage-in, the embed after it, the release
-        _close(f["launches"], (quick * cm.LAUNCH_PDL[s] + (len(main) - quick) * cm.LAUNCH[s]) * US,
+        _close(f["launches"], (quick * ci.LAUNCH_PDL[s] + (len(main) - quick) * ci.LAUNCH[s]) * US,
                f"launch floor {s}")
         assert max(f.values()) <= lane["graph_us"], (s, f, lane["graph_us"])
-    assert set(j["inputs"]) == set(cm.INPUTS) and all(v["source"] for v in j["inputs"].values())
+    assert set(j["inputs"]) == set(ci.INPUTS) and all(v["source"] for v in j["inputs"].values())
 
 
 def _two_lane_submission(main_label: str, side_label: str):
@@ -279,20 +282,19 @@ def _two_lane_submission(main_label: str, side_label: str):
     # 128 registers: 2 blocks per SM, so the 65 programs hold 33 SMs and run on them
     ("layers.8.mlp_backward.dh", "sms", 128, 33)])
 def test_two_lanes_share_sms_and_bandwidth(main_label, shares, dw_regs, held):
-    """tools/cost_lanes.py by hand on a four-launch graph: the stage-in; an HBM-bound main-lane
+    """tools/cost/lanes.py by hand on a four-launch graph: the stage-in; an HBM-bound main-lane
     launch (layer 8's MLP norm backward: the HBM share binds) or an SM-bound one (its dh product:
     fewer SMs bind) beside the head's weight gradient on the side lane (65 programs: 65 SMs
     held); the release after both.  While both work, the norm backward is
     costed on 132 − 65 SMs and both slow by one factor when their HBM asks exceed the bandwidth;
     once the norm backward is done, the dW launch runs at its own rate — on the SMs it holds."""
-    import cost_lanes
     sub = _two_lane_submission(main_label, "head_backward.dW+adamw")
     dw = sub.launches[2].kernel               # 248 registers × 256 threads: 1 block per SM
-    stats = fake_stats(PROD) | {dw: cm.KernelStats(dw_regs, 98304, 256)}
+    stats = fake_stats(PROD) | {dw: KernelStats(dw_regs, 98304, 256)}
     bufs = buffers(PROD)
-    costs = [cm.cost(x, bufs, stats) for x in sub.launches]
-    jobs = [cost_lanes._Launch(x, c, bufs) for x, c in zip(sub.launches, costs)]
-    s, L = "central", cm.LAUNCH["central"]
+    costs = [cost(x, bufs, stats) for x in sub.launches]
+    jobs = [lanes.LaneJob(x, c, bufs) for x, c in zip(sub.launches, costs)]
+    s, L = "central", ci.LAUNCH["central"]
     assert jobs[2].held == held
     t0 = costs[0].us[s] / US                         # the stage-in, alone
     dm, ds = jobs[1].duration(s, 132 - held), jobs[2].duration(s, held)
@@ -300,9 +302,9 @@ def test_two_lanes_share_sms_and_bandwidth(main_label, shares, dw_regs, held):
         assert ds > 1.2 * jobs[2].duration(s, 132)
     hbm = jobs[1].work.hbm_bytes / dm + jobs[2].work.hbm_bytes / ds
     l2 = costs[1].l2_bytes / dm + costs[2].l2_bytes / ds
-    slow = min(1.0, cm.HBM_BW[s] / hbm, cm.L2_BW[s] / l2)
+    slow = min(1.0, ci.HBM_BW[s] / hbm, ci.L2_BW[s] / l2)
     if shares == "hbm":
-        assert slow < 1 and cm.HBM_BW[s] / hbm == slow
+        assert slow < 1 and ci.HBM_BW[s] / hbm == slow
     else:
         assert dm > 1.2 * jobs[1].duration(s, 132)
     # both start after the stage-in with their launch cost; the main launch finishes first at
@@ -312,38 +314,36 @@ def test_two_lanes_share_sms_and_bandwidth(main_label, shares, dw_regs, held):
     side_left = 1 - (dm / slow) * slow / ds
     side_end = main_end + side_left * ds
     want = side_end + costs[3].us[s] / US
-    r = cost_lanes.schedule(sub, costs, bufs, s)
+    r = lanes.schedule(sub, costs, bufs, s)
     _close(r.end_s[1], main_end, "main launch end")
     _close(r.end_s[2], side_end, "side launch end")
     _close(r.makespan_s, want, "makespan")
     _close(r.both_working_s, dm / slow, "both working")
 
 
-@pytest.mark.parametrize("s", cm.SCENARIOS)
+@pytest.mark.parametrize("s", ci.SCENARIOS)
 def test_one_lane_is_the_serial_sum(s):
     """With every launch on the main lane the schedule is the per-launch sum (forward list), less
     LAUNCH − LAUNCH_PDL for each programmatic edge: every launch but the stage-in, the refresh
     after it and the final release (hand-written, or after one); with full edges, exactly."""
-    import cost_lanes
     fwd = launches.submissions(PROD)[0]
-    costs = cm.model(PROD, "forward", fake_stats(PROD))
+    costs = model(PROD, "forward", fake_stats(PROD))
     quick = [c.label for c in costs if c.programmatic]
     assert len(quick) == len(costs) - 3
     assert {c.label for c in costs} - set(quick) == {fwd.launches[0].label, fwd.launches[1].label,
                                                      fwd.launches[-1].label}
-    r = cost_lanes.schedule(fwd, costs, buffers(PROD), s)
-    saved = len(quick) * (cm.LAUNCH[s] - cm.LAUNCH_PDL[s]) * US
+    r = lanes.schedule(fwd, costs, buffers(PROD), s)
+    saved = len(quick) * (ci.LAUNCH[s] - ci.LAUNCH_PDL[s]) * US
     _close(r.makespan_s * US, sum(c.us[s] for c in costs) - saved, "forward")
     full = [dataclasses.replace(c, programmatic=False) for c in costs]
-    _close(cost_lanes.schedule(fwd, full, buffers(PROD), s).makespan_s * US,
+    _close(lanes.schedule(fwd, full, buffers(PROD), s).makespan_s * US,
            sum(c.us[s] for c in costs), "forward, full edges")
 
 
 def test_a_cross_lane_edge_that_resolves_last_is_a_full_launch():
-    """cost_lanes.launch_cost: a programmatic launch pays LAUNCH_PDL only when its lane's previous
+    """lanes.launch_cost: a programmatic launch pays LAUNCH_PDL only when its lane's previous
     launch is the last of its predecessors to finish; when the other lane's launch it waits for
     ends later, the edge that resolves it is a full one (LAUNCH)."""
-    import cost_lanes
     from plan.launch_graph import dependencies
     first, a, b, side, last = (UPDATE[k] for k in (
         "prelaunch_release+stage_in", "layers.8.mlp_backward.norm",
@@ -352,21 +352,21 @@ def test_a_cross_lane_edge_that_resolves_last_is_a_full_launch():
            dataclasses.replace(side, after=(first.label,)),
            dataclasses.replace(b, after=(side.label,)), dataclasses.replace(last, after=()))
     sub = launches.Submission(1, "update", lst, dependencies(lst))
-    costs = [cm.cost(x, buffers(PROD), fake_stats(PROD)) for x in lst]
-    for c, ok in zip(costs, cm.programmatic(lst)):
+    costs = [cost(x, buffers(PROD), fake_stats(PROD)) for x in lst]
+    for c, ok in zip(costs, programmatic(lst)):
         c.programmatic = ok
     assert [c.programmatic for c in costs] == [False, False, False, True, False]
     s = "central"
     assert sub.deps[3] == (1, 2)
-    assert cost_lanes.launch_cost(sub, costs, [0, 2.0, 1.0, None, None], 3, s) == cm.LAUNCH_PDL[s]
-    assert cost_lanes.launch_cost(sub, costs, [0, 1.0, 2.0, None, None], 3, s) == cm.LAUNCH[s]
-    assert cost_lanes.launch_cost(sub, costs, [0, 1.0, 2.0, None, None], 2, s) == cm.LAUNCH[s]
+    assert lanes.launch_cost(sub, costs, [0, 2.0, 1.0, None, None], 3, s) == ci.LAUNCH_PDL[s]
+    assert lanes.launch_cost(sub, costs, [0, 1.0, 2.0, None, None], 3, s) == ci.LAUNCH[s]
+    assert lanes.launch_cost(sub, costs, [0, 1.0, 2.0, None, None], 2, s) == ci.LAUNCH[s]
 
 
 def test_mapped_host_memory_is_counted_where_staging_is_read():
-    """Issue 14 item 2: only the stage-in reads staging (the 8 KiB record and the doorbell);
+    """Only the stage-in reads staging (the 8 KiB record and the doorbell);
     an entry still counts a staging read where a launch takes one (embed_fwd's ids below)."""
-    costs = {c.label: c for c in cm.model(PROD, "update", fake_stats(PROD))}
+    costs = {c.label: c for c in model(PROD, "update", fake_stats(PROD))}
     readers = {c.label for c in costs.values() if c.staging_read_bytes}
     assert readers == {"prelaunch_release+stage_in"}
     first = costs["prelaunch_release+stage_in"]
@@ -374,7 +374,7 @@ def test_mapped_host_memory_is_counted_where_staging_is_read():
     embed = UPDATE["embed"]
     args = tuple((n, launches.StagingRef("INPUTS", 0, "u32") if n == "ids_ptr" else a)
                  for n, a in embed.args)
-    c = cm.cost(dataclasses.replace(embed, args=args), buffers(PROD), fake_stats(PROD))
+    c = cost(dataclasses.replace(embed, args=args), buffers(PROD), fake_stats(PROD))
     assert c.staging_read_bytes == 256 * (2 * 4 * 4 + 1024 * 4)          # own ids twice, all ids
     # cached (optimistic): each line once; otherwise every request crosses PCIe
     assert c.bounds_us["pcie"]["optimistic"] < 1 < c.bounds_us["pcie"]["central"]
@@ -384,35 +384,35 @@ def test_mapped_host_memory_is_counted_where_staging_is_read():
 def test_unknown_kernel_raises():
     launch = dataclasses.replace(UPDATE["layers.0.out_proj"], function="matmul_splitk")
     with pytest.raises(KeyError, match="matmul_splitk"):
-        cm.cost(launch, buffers(PROD), fake_stats(PROD))
+        cost(launch, buffers(PROD), fake_stats(PROD))
 
 
 def test_unaccounted_staging_argument_raises():
     ce = UPDATE["cross_entropy"]
     args = tuple((n, launches.StagingRef("LOSS_RECORD", 0) if n == "dlogits_ptr" else a) for n, a in ce.args)
     with pytest.raises(ValueError, match="dlogits_ptr"):
-        cm.cost(dataclasses.replace(ce, args=args), buffers(PROD), fake_stats(PROD))
+        cost(dataclasses.replace(ce, args=args), buffers(PROD), fake_stats(PROD))
 
 
 def test_grid_that_disagrees_with_the_tiles_raises():
     launch = dataclasses.replace(UPDATE["layers.0.out_proj"], grid=(127, 1, 1))
     with pytest.raises(ValueError, match="127"):
-        cm.cost(launch, buffers(PROD), fake_stats(PROD))
+        cost(launch, buffers(PROD), fake_stats(PROD))
 
 
 def test_occupancy_limits():
-    assert cm.occupancy(cm.KernelStats(238, 163840, 256)) == (1, "registers")   # matmul_swiglu
-    assert cm.occupancy(cm.KernelStats(80, 64, 512)) == (1, "registers")        # cross_entropy
-    assert cm.occupancy(cm.KernelStats(10, 0, 1)) == (32, "blocks")             # release
-    assert cm.occupancy(cm.KernelStats(16, 0, 1024)) == (2, "threads")
+    assert occupancy(KernelStats(238, 163840, 256)) == (1, "registers")   # matmul_swiglu
+    assert occupancy(KernelStats(80, 64, 512)) == (1, "registers")        # cross_entropy
+    assert occupancy(KernelStats(10, 0, 1)) == (32, "blocks")             # release
+    assert occupancy(KernelStats(16, 0, 1024)) == (2, "threads")
     with pytest.raises(ValueError, match="shared memory"):
-        cm.occupancy(cm.KernelStats(32, 228 * 1024, 128))
+        occupancy(KernelStats(32, 228 * 1024, 128))
 
 
 def test_makespan_places_programs_in_order():
-    assert cm.makespan([3.0, 1.0, 1.0, 1.0], 2) == 3.0            # the long one first, three beside it
-    assert cm.makespan([1.0, 1.0, 1.0, 3.0], 2) == 4.0            # the long one last: a tail
-    assert cm.makespan([2.0] * 5, 2) == 6.0                       # ceil(5 / 2) rounds
+    assert makespan([3.0, 1.0, 1.0, 1.0], 2) == 3.0            # the long one first, three beside it
+    assert makespan([1.0, 1.0, 1.0, 3.0], 2) == 4.0            # the long one last: a tail
+    assert makespan([2.0] * 5, 2) == 6.0                       # ceil(5 / 2) rounds
 
 
 def _measured(tmp_path, rows) -> Path:
@@ -423,13 +423,13 @@ def _measured(tmp_path, rows) -> Path:
 
 def test_model_beside_a_measured_table(tmp_path):
     stats = fake_stats(PROD)
-    costs = {c.label: c for c in cm.model(PROD, "update", stats)}
+    costs = {c.label: c for c in model(PROD, "update", stats)}
     rows = [{"label": "cross_entropy", "kernel": costs["cross_entropy"].kernel, "us": 900.0},
             {"label": "layers.0.mlp_backward.dh", "kernel": costs["layers.0.mlp_backward.dh"].kernel,
              "us": costs["layers.0.mlp_backward.dh"].us["central"]},
             {"label": "layers.1.mlp_backward.dh", "kernel": costs["layers.1.mlp_backward.dh"].kernel,
              "us": 3 * costs["layers.1.mlp_backward.dh"].us["central"], "extra": "kept"}]
-    text = cm.report("coppelius", "sm_90a", "update", measured=_measured(tmp_path, rows), stats=stats)
+    text = report("coppelius", "sm_90a", "update", measured=_measured(tmp_path, rows), stats=stats)
     assert "Model vs measured" in text
     text = text.split("Model vs measured", 1)[1]
     line = next(ln for ln in text.splitlines() if ln.startswith("| cross_entropy |"))
@@ -441,7 +441,7 @@ def test_model_beside_a_measured_table(tmp_path):
                   and "/9 |" in ln)
     assert "| 2/9 |" in bucket and "| 2.00 |" in bucket       # (1 + 3) / 2 of the model
     assert f"Not measured ({len(costs) - 3})" in text
-    j = json.loads(cm.report("coppelius", "sm_90a", "update", as_json=True,
+    j = json.loads(report("coppelius", "sm_90a", "update", as_json=True,
                              measured=_measured(tmp_path, rows), stats=stats))
     assert j["measured"] == rows
     assert [e["label"] for e in j["per_launch"] if "measured_us" in e] == \
@@ -459,18 +459,18 @@ def test_model_beside_a_measured_table(tmp_path):
 def test_measured_table_refusals(tmp_path, rows, match):
     stats = fake_stats(PROD)
     if isinstance(rows, list) and rows and rows[0].get("kernel") == "x":
-        rows[0]["kernel"] = next(c.kernel for c in cm.model(PROD, "update", stats)
+        rows[0]["kernel"] = next(c.kernel for c in model(PROD, "update", stats)
                                  if c.label == "cross_entropy")
     with pytest.raises(UserError, match=match):
-        cm.report("coppelius", "sm_90a", "update", measured=_measured(tmp_path, rows), stats=stats)
+        report("coppelius", "sm_90a", "update", measured=_measured(tmp_path, rows), stats=stats)
 
 
 def test_measured_twice_refused(tmp_path):
     stats = fake_stats(PROD)
-    k = next(c.kernel for c in cm.model(PROD, "update", stats) if c.label == "cross_entropy")
+    k = next(c.kernel for c in model(PROD, "update", stats) if c.label == "cross_entropy")
     rows = [{"label": "cross_entropy", "kernel": k, "us": 1.0}] * 2
     with pytest.raises(UserError, match="twice"):
-        cm.report("coppelius", "sm_90a", "update", measured=_measured(tmp_path, rows), stats=stats)
+        report("coppelius", "sm_90a", "update", measured=_measured(tmp_path, rows), stats=stats)
 
 
 def _have_ptxas() -> bool:
@@ -480,9 +480,8 @@ def _have_ptxas() -> bool:
 
 @pytest.mark.skipif(not _have_ptxas(), reason="no ptxas on this machine")
 def test_build_ptx_report_json_from_the_committed_ptx():
-    r = subprocess.run([sys.executable, str(ROOT / "tools" / "build_ptx.py"), "--report", "--json"],
-                       capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    r = subprocess.run([sys.executable, "-m", "tools.build_ptx", "--report", "--json"],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-2000:]
     j = json.loads(r.stdout)
     assert j["launches"] == len(UPDATE)

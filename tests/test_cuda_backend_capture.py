@@ -1,4 +1,4 @@
-"""Issue 24: the cuda backend's capture through the fake driver (tests/fake_driver.py) — any
+"""Issue 24: the cuda backend's capture through the fake driver (tools/fake_driver.py) — any
 failure of the programmatic capture falls back to full edges, a failed capture leaves no graph
 behind, and the device check's capture variants (one lane, a no-op side lane) and timings."""
 import numpy as np
@@ -9,22 +9,13 @@ from host import ptx
 from plan import launch_graph, launches, profiles
 from staging import layout as L
 
-from fake_driver import CUresult, FakeDriver
+from fake_driver_fixture import fake  # noqa: F401  (the fixture)
+from tools.fake_driver import CUresult
 
 TINY = profiles.get("tiny")
 
 pytestmark = pytest.mark.skipif(
     not (ptx.ROOT / "tiny" / "sm_90a" / ptx.MANIFEST).is_file(), reason="kernels_ptx not built")
-
-
-@pytest.fixture
-def fake(monkeypatch):
-    def make(cc=(9, 0), **kw):
-        f = FakeDriver(cc=cc, **kw)
-        monkeypatch.setattr(drv, "_cu", f)
-        return f
-    return make
-
 
 
 def test_any_failure_of_the_programmatic_capture_falls_back_to_full_edges(fake, monkeypatch):

@@ -1,4 +1,4 @@
-"""The cuda backend's logic on the CPU, through a fake driver (tests/fake_driver.py).
+"""The cuda backend's logic on the CPU, through a fake driver (tools/fake_driver.py).
 
 What a GPU would run is not checked here (see tests/test_cuda_backend.py on a GPU); what the host
 does is: every launch resolves its arguments to the right device addresses with the committed
@@ -16,21 +16,13 @@ from plan import launch_graph, launches, profiles
 from staging import layout as L
 from staging import records as R
 
-from fake_driver import DEVICE_ALIAS, CUresult, FakeDriver
+from fake_driver_fixture import fake  # noqa: F401  (the fixture)
+from tools.fake_driver import DEVICE_ALIAS, CUresult
 
 TINY = profiles.get("tiny")
 
 pytestmark = pytest.mark.skipif(
     not (ptx.ROOT / "tiny" / "sm_90a" / ptx.MANIFEST).is_file(), reason="kernels_ptx not built")
-
-
-@pytest.fixture
-def fake(monkeypatch):
-    def make(cc=(9, 0), **kw):
-        f = FakeDriver(cc=cc, **kw)
-        monkeypatch.setattr(drv, "_cu", f)
-        return f
-    return make
 
 
 def decode(params_addr: int, types: list[str]) -> list:
@@ -539,7 +531,7 @@ def test_the_readme_and_the_refusal_hint_state_the_kernels_shared_memory_needs()
 @pytest.mark.parametrize("profile", ["tiny", "coppelius"])
 def test_captured_graphs_have_exactly_the_plans_edges(fake, profile, monkeypatch):
     """Issue 14 round 2: each submission's graph, as the driver would build it from the capture
-    (per-stream frontiers, event record/wait edges: tests/fake_driver.py), has one node per
+    (per-stream frontiers, event record/wait edges: tools/fake_driver.py), has one node per
     launch, the side lane's launches on a second stream, and exactly the predecessors
     plan/launch_graph.py gives — no edge missing (a race) and none extra (lost overlap).  The
     coppelius lists are checked without their PTX: only the capture is exercised."""

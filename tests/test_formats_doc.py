@@ -285,7 +285,7 @@ def _block(text: str, kind: str, name: str) -> str:
     return m[1]
 
 
-@pytest.mark.skipif(not GOLDEN.exists(), reason="no golden: run tools/make_golden.py")
+@pytest.mark.skipif(not GOLDEN.exists(), reason="no golden: run python -m tools.make_golden")
 def test_the_numpy_reader_prints_what_the_doc_shows():
     text = FORMATS.read_text(encoding="utf-8")
     r = subprocess.run([sys.executable, "-c", _block(text, "example", "numpy-reader")],
@@ -294,7 +294,7 @@ def test_the_numpy_reader_prints_what_the_doc_shows():
     assert r.stdout == _block(text, "example-output", "numpy-reader")
 
 
-@pytest.mark.skipif(not GOLDEN.exists(), reason="no golden: run tools/make_golden.py")
+@pytest.mark.skipif(not GOLDEN.exists(), reason="no golden: run python -m tools.make_golden")
 def test_inspect_prints_what_the_doc_shows():
     text = FORMATS.read_text(encoding="utf-8")
     inspect = subprocess.run([sys.executable, "-m", "host.cli", "inspect",

@@ -1,4 +1,4 @@
-"""Issue 12: the budgeted device check, run for real without a GPU (`--dry-run`), and its rules.
+"""The budgeted device check, run for real without a GPU (`--dry-run`), and its rules.
 
 The dry run executes every phase (fake driver for the cuda-only steps, the interpret backend on the
 tiny profile for the runs, torch on the CPU) and must leave a filled report and at most 8 files in
@@ -21,14 +21,14 @@ from host import driver as drv
 from plan import launches, profiles
 from staging import layout as L
 
-from fake_driver import CUresult, FakeDriver
+from tools.cost import kernel_stats, measured, per_launch
+from tools.fake_driver import CUresult, FakeDriver
+from tools.gpu_check import check as G
+from tools.gpu_check import experiments as X
+from tools.gpu_check import phases as P
+from tools.gpu_check import runner as R
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
-import gpu_check as G  # noqa: E402
-import gpu_check_experiments as X  # noqa: E402
-import gpu_check_phases as P  # noqa: E402
-import gpu_check_runner as R  # noqa: E402
 
 TINY = profiles.get("tiny")
 DRY_RUN_TIMEOUT_S = 2400    # ≈ 4 min on an idle 2-core machine; a loaded one is several times slower
@@ -155,16 +155,15 @@ def test_dry_run_experiments_and_sanitizer_are_reported(dry_run):
 
 
 def test_dry_run_per_launch_table_calibrates_the_cost_model(dry_run):
-    """per_launch.json is what `tools/build_ptx.py --report --measured` reads: every launch of the
-    update once, each with the kernel the model costs."""
-    import cost_model
+    """per_launch.json is what `python -m tools.build_ptx --report --measured` reads: every launch
+    of the update once, each with the kernel the model costs."""
     _, out, _ = dry_run
-    rows = cost_model.read_measured(out / "per_launch.json")
+    rows = measured.read_measured(out / "per_launch.json")
     from host import ptx
-    stats = {k: cost_model.KernelStats(32, e.shared, e.threads)
+    stats = {k: kernel_stats.KernelStats(32, e.shared, e.threads)
              for k, e in ptx.Manifest.load("tiny", "sm_90a").entries.items()}
-    costs = cost_model.model(TINY, "update", stats)
-    table = cost_model.compare(costs, rows)
+    costs = per_launch.model(TINY, "update", stats)
+    table = measured.compare(costs, rows)
     assert f"| **measured launches** | {len(costs)}/{len(costs)} |" in table
     bench = json.loads((out / "bench.json").read_text())
     assert [r["variant"] for r in bench["rows"]] == ["coppelius", "eager", "reduce-overhead",
@@ -230,10 +229,10 @@ def test_sigterm_ends_the_command_in_flight_and_writes_the_report(tmp_path):
     phase failed and the rest skipped, and leaves the report."""
     pidfile, out = tmp_path / "child.pid", tmp_path / "out"
     script = f"""
-import sys; sys.path.insert(0, {str(ROOT / 'tools')!r})
+import sys
 from dataclasses import replace
 from pathlib import Path
-import gpu_check as G
+from tools.gpu_check import check as G
 def hang(ctx):
     ctx.sh("sleep", ["bash", "-c", "sleep 60 & echo $! > {pidfile}; wait"])
 mode = replace(G.DRY, predicted_s={{"hang": 1, "next": 1}})
@@ -268,8 +267,8 @@ def test_a_failed_check_fails_its_phase_with_the_output_tail(tmp_path):
 
 
 def test_a_file_in_out_the_check_did_not_write_is_counted_never_an_error(tmp_path):
-    """Issue 24: a foreign file in $OUT (a tee of the output, or one a phase leaves) used to make
-    the first write raise: no table, the work dir left behind.  Now it is counted and named."""
+    """A foreign file in $OUT (a tee of the output, or one a phase leaves) must not make the
+    first write raise (no table, the work dir left behind): it is counted and named."""
     out = tmp_path / "out"
     out.mkdir()
     (out / "check.log").write_text("a tee\n")
@@ -312,8 +311,8 @@ def test_phase_files_past_the_eight_go_into_the_logs(tmp_path):
 
 @pytest.mark.parametrize("ending", ["returns", "fails", "raises", "times out"])
 def test_every_process_a_phase_started_ends_with_the_phase(tmp_path, ending):
-    """Issue 24: the production phase's background verify outlived a continuation that timed out
-    or raised; now whatever a phase started is ended when it ends, whatever its outcome."""
+    """Whatever a phase started is ended when it ends, whatever its outcome: the production
+    phase's background verify must not outlive a continuation that timed out or raised."""
     pidfile = tmp_path / "bg.pid"
 
     def body(ctx):
@@ -338,8 +337,8 @@ def test_every_process_a_phase_started_ends_with_the_phase(tmp_path, ending):
 
 
 def test_an_interrupt_after_a_phase_finished_keeps_its_verdict(tmp_path):
-    """Issue 24: a SIGTERM arriving while the report is written after a phase marked that
-    finished phase failed; now it stays ok and only the later phases are skipped."""
+    """A SIGTERM arriving while the report is written after a phase leaves that finished phase
+    ok; only the later phases are skipped."""
     class Late(G.Check):
         writes = 0
 

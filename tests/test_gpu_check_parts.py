@@ -1,4 +1,4 @@
-"""Issue 24: the device check's parts without its dry run — the order and the time plan, bounded
+"""The device check's parts without its dry run — the order and the time plan, bounded
 fences and per-test timeouts, a failed run's tail, the experiments' decisions, the sanitizer's
 findings, a bench stopped half-way, and the log archive's cap."""
 import json
@@ -16,18 +16,17 @@ from plan import launches, profiles
 from staging import layout as L
 from staging import records as R
 
-from fake_driver import FakeDriver
+from tools import bench_torch
+from tools.fake_driver import FakeDriver
+from tools.gpu_check import check as G
+from tools.gpu_check import commands as C
+from tools.gpu_check import device as D
+from tools.gpu_check import experiments as X
+from tools.gpu_check import launches as GL
+from tools.gpu_check import out as O
+from tools.gpu_check import phases as P
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
-import bench_torch  # noqa: E402
-import gpu_check as G  # noqa: E402
-import gpu_check_commands as C  # noqa: E402
-import gpu_check_device as D  # noqa: E402
-import gpu_check_experiments as X  # noqa: E402
-import gpu_check_launches as GL  # noqa: E402
-import gpu_check_out as O  # noqa: E402
-import gpu_check_phases as P  # noqa: E402
 
 TINY = profiles.get("tiny")
 DOC = ROOT / "docs" / "PERFORMANCE.md"
@@ -43,7 +42,7 @@ def _section(path: Path, heading: str) -> str:
 # ---------------------------------------------------------------- order and time plan
 
 def test_the_product_runs_before_the_measurements_and_torch_runs_last():
-    """Issue 24: torch (a slow inductor compile) ran before the 10,000-step full run."""
+    """Torch (a slow inductor compile) runs after the 10,000-step full run, last."""
     names = [p.name for p in G.PHASES]
     assert names == ["doctor", "tiny", "production", "full-run", "per-launch", "experiments",
                      "sanitizer", "gpu-tests", "torch", "torch-default"]
@@ -95,11 +94,11 @@ class _Ctx:
 
 @pytest.mark.parametrize("mode", [G.GPU, G.DRY], ids=["gpu", "dry-run"])
 def test_every_cuda_run_and_tool_bounds_its_fences(tmp_path, mode):
-    """Issue 24: every run in the check waited the default 120 s for a fence, longer than the
-    phases' timeouts: a hang was SIGKILLed before it could write its tail."""
+    """Every run in the check waits less for a fence than the default 120 s, well inside the
+    phases' timeouts: a hang ends the run itself, its tail written, before it is SIGKILLed."""
     ctx = _Ctx(mode, tmp_path)
     run = C.run_argv(ctx, "tiny", 2, tmp_path / "c.ckpt", tmp_path / "r.bin")
-    tool = C.cuda_tool(ctx, "tools/gpu_check_launches.py", "--profile", "tiny")
+    tool = C.cuda_tool(ctx, D.LAUNCHES, "--profile", "tiny")
     for argv in (run, tool):
         i = argv.index("--fence-timeout")
         assert float(argv[i + 1]) == G.FENCE_TIMEOUT_S
@@ -124,7 +123,7 @@ def test_the_launch_tool_takes_a_fence_timeout_for_its_ring(monkeypatch, tmp_pat
 
 
 def test_gpu_tests_skip_what_an_earlier_phase_ran():
-    """Issue 24: the gpu-tests phase repeated the tiny phase's two runs, verify and diff."""
+    """The gpu-tests phase does not repeat the tiny phase's two runs, verify and diff."""
     assert P.covered({"tiny": "ok"}) == P.COVERED
     assert P.covered({"tiny": "failed"}) == P.COVERED          # its verdict is in the report
     assert P.covered({"tiny": "skipped"}) == {}
@@ -212,11 +211,12 @@ def test_a_variant_is_kept_only_when_it_is_decisively_faster():
 def test_the_one_lane_prediction_chains_every_launch():
     """The model's one-lane graph costs at least the main lane alone and no more than every
     launch back to back; the plan's two lanes are no slower than one (what the plan assumes)."""
-    import cost_model
     from host import ptx
-    stats = {k: cost_model.KernelStats(64, e.shared, e.threads, pdl=e.pdl)
+    from tools.cost.kernel_stats import KernelStats
+    from tools.cost.per_launch import model
+    stats = {k: KernelStats(64, e.shared, e.threads, pdl=e.pdl)
              for k, e in ptx.Manifest.load("tiny", "sm_90a").entries.items()}
-    costs = {c.label: c for c in cost_model.model(TINY, "update", stats)}
+    costs = {c.label: c for c in model(TINY, "update", stats)}
     pred = X.predicted(TINY, costs, {k: s.pdl for k, s in stats.items()})
     serial = sum(c.us[X.SCENARIO] for c in costs.values())
     assert pred["noop-side-lane"] <= pred["one-lane"] <= serial + 1e-6
@@ -255,9 +255,9 @@ def test_sanitizer_findings_are_counted_with_their_first_lines():
 
 
 def test_a_bench_stopped_half_way_leaves_its_rows_and_stage(tmp_path, monkeypatch):
-    """Issue 24: bench_torch wrote its JSON only at the end, so a compile stopped at its cap left
-    nothing.  Now each stage rewrites it: a bench ended in its second variant still has the first
-    variant's row and says where it was."""
+    """bench_torch rewrites its JSON at each stage, so a compile stopped at its cap leaves what
+    it finished: a bench ended in its second variant still has the first variant's row and says
+    where it was."""
     real = bench_torch.bench_torch_variant
 
     def second_hangs(torch, variant, *a, stage, **k):
@@ -281,7 +281,7 @@ def test_a_bench_stopped_half_way_leaves_its_rows_and_stage(tmp_path, monkeypatc
 def test_a_torch_phase_stopped_at_its_cap_reports_the_stage_and_rows(tmp_path, monkeypatch):
     """A bench that overruns its cap is ended, and the phase says where it was and keeps the rows
     it had finished (bench.json too)."""
-    import gpu_check_runner as runner
+    from tools.gpu_check import runner
     bench = tmp_path / "slow_bench.py"
     bench.write_text(
         "import json, sys, time\n"
@@ -291,7 +291,8 @@ def test_a_torch_phase_stopped_at_its_cap_reports_the_stage_and_rows(tmp_path, m
         "json.dump({'stage': 'reduce-overhead: step 1 of 3 (the first: compiling)',\n"
         "           'rows': rows, 'agreement': {'eager': 1e-6}}, open(path, 'w'))\n"
         "time.sleep(60)\n")
-    monkeypatch.setattr(D, "BENCH", str(bench))
+    monkeypatch.setattr(D, "BENCH", bench.stem)                # run as `python -m slow_bench`
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))            # the check's commands inherit it
     monkeypatch.setattr(runner, "HARD_SLACK_S", 1.5)
     mode = replace(G.DRY, predicted_s={"torch": 90.0}, capped_s={"torch": 0.5})
     check = G.Check(mode, tmp_path / "out", 1.0)

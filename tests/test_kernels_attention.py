@@ -1,12 +1,13 @@
-"""Issues #7 and #14: flash attention forward and backward in Triton's interpreter against the
-reference stages: grouped heads, causal mask, several block shapes and splits, outputs and
-scratch poisoned, each kernel's writes exactly its own, runs repeat bitwise; the backward's
-epilogues apply rotary_backward and round to bf16 (the qkv_backward operands).
+"""Flash attention forward and backward in Triton's interpreter against the reference stages:
+grouped heads, causal mask, several block shapes and splits, outputs and scratch poisoned, each
+kernel's writes exactly its own, runs repeat bitwise; the backward's epilogues apply
+rotary_backward and round to bf16 (the qkv_backward operands).
 
 Both passes run as two launches (plan/attention_split.py): chunk programs writing fp32 partials
 (and bf(ds) tiles), then a fixed-order merge.  The chunks here divide the rows unevenly (a ragged
 last chunk), split into one trip per program, or not at all.  Splitting changes the order of fp32
-sums, so the results are not the unsplit kernels' bits: they stay within the tolerances below.
+sums, so the results are not the unsplit kernels' bits: they stay within the tolerances of
+tests/tolerances.py (ATTENTION_OUT, ATTENTION_GRAD16).
 
 The kernels have no row masks: T must be a multiple of both blocks (and BLOCK_M of BLOCK_N).
 The awkward cases here are the ones they can run (a single block, six heads, BLOCK_M = 4·BLOCK_N,
@@ -19,8 +20,9 @@ import dataclasses
 
 import numpy as np
 import pytest
-from kernels_support import (ELEMENTWISE, ONE_BF16_ULP, assert_bitwise, assert_close,
-                             assert_unwritten, assert_written, bf16_tensor, f32, poisoned)
+from kernels_support import (assert_bitwise, assert_close, assert_unwritten, assert_written,
+                             bf16_tensor, f32, poisoned)
+from tolerances import ATTENTION_GRAD16, ATTENTION_OUT, ELEMENTWISE, EXACT, LSE
 
 import torch
 from plan import launch_builders, profiles
@@ -28,15 +30,6 @@ from plan import reference as ref
 from plan.attention_split import AttentionSplit
 from plan.kernels.attention import attention_bwd, attention_bwd_dq, attention_fwd, attention_fwd_merge
 from plan.launch_refs import Context, grad_refs, layer_refs
-
-# Flash attention rounds bf(exp(s − m)) before normalizing (NUMERICS.md): ≤ 1 bf16 ulp of p.
-ATTENTION_OUT = ONE_BF16_ULP / 2       # measured worst 1.9e-3 of max|o|
-# The backward recomputes p in fp32 from lse and rounds ds and p to bf16 like the reference;
-# the remaining differences are lse's last bits and summation order.
-ATTENTION_GRAD = 1e-3                    # measured worst 1.4e-4 of max|grad|
-# The backward stores bf(rotary_backward(dq')) etc.: the fp32 difference above, then bf16 rounding
-# that may go the other way: one bf16 ulp of the largest element, plus ATTENTION_GRAD.
-ATTENTION_GRAD16 = ONE_BF16_ULP + ATTENTION_GRAD
 
 CASES = [  # T, H, G, d, BLOCK_M, BLOCK_N, forward chunk (kv blocks), dK/dV chunk (trips)
     (192, 4, 2, 32, 64, 32, 2, 3),     # fwd 1, 2, 3 chunks; dK/dV 6 and 4 trips in 3s (ragged)
@@ -108,14 +101,14 @@ def test_attention_forward_matches_stage(T, H, G, d, bm, bn, fc, bc):
     o16, o32, lse = runs[0][:3]
     want = ref.attention(q, k, v, d)
     assert_close("o", f32(o32), want.o, ATTENTION_OUT)
-    assert_close("o16", f32(o16), ref.bf16(f32(o32)), 0.0)
+    assert_close("o16", f32(o16), ref.bf16(f32(o32)), EXACT)
     # lse = log Σ exp(s): check against the scores directly
     s = (ref.bf16(q).reshape(T, H, d).transpose(1, 0, 2)
          @ ref.bf16(k).reshape(T, G, d).transpose(1, 2, 0).repeat(H // G, axis=0))
     s = s.astype(np.float64) * float(ref.attention_scale(d))
     s[:, np.triu(np.ones((T, T), bool), 1)] = -np.inf
     want_lse = np.log(np.exp(s - s.max(-1, keepdims=True)).sum(-1)) + s.max(-1)
-    assert_close("lse", f32(lse), want_lse, 1e-5)
+    assert_close("lse", f32(lse), want_lse, LSE)
 
 
 def _merge_oracle(o_part, ml_part, chunks):
@@ -154,7 +147,7 @@ def test_forward_merge_formula():
                    o_part[0, one] / np.repeat(ml_part[0, 1, :, one].T, d, axis=1))
     assert_bitwise("lse of one chunk", f32(lse)[:, one],
                    ml_part[0, 0, :, one] + np.log(ml_part[0, 1, :, one]))
-    assert_close("o16", f32(o16), ref.bf16(f32(o32)), 0.0)
+    assert_close("o16", f32(o16), ref.bf16(f32(o32)), EXACT)
 
 
 def _causal_tiles(split: AttentionSplit, H: int):

@@ -1,30 +1,31 @@
-"""Issue 14: the weight-gradient launch (plan/kernels/weight_grad.py) in Triton's interpreter.
+"""The weight-gradient launch (plan/kernels/weight_grad.py) in Triton's interpreter.
 
-AdamW in the epilogue must leave P, M, V and w16 bit for bit what today's whole-plane `adamw`
-kernel makes of the same gradient (the plain `matmul` with the same tile: the same accumulation),
-and within the reference learner's tolerance, whatever the grid (a program loops over tiles pid,
-pid + programs, …: the side lane's launch has fewer programs than tiles).  Awkward shapes (32×32 tiles, 32-row K blocks): no dimension
-a multiple of its block, one weight row, K below one block; P/M/V outside the products stay
-untouched, w16 outside them poisoned."""
+AdamW in the epilogue must leave P, M, V and w16 bit for bit what the whole-plane oracle
+(tests/adamw_oracle.py) makes of the same gradient (the plain `matmul` with the same tile: the
+same accumulation), and within the reference learner's tolerance, whatever the grid (a program
+loops over tiles pid, pid + programs, …: the side lane's launch has fewer programs than tiles).
+Awkward shapes (32×32 tiles, 32-row K blocks): no dimension a multiple of its block, one weight
+row, K below one block; P/M/V outside the products stay untouched, w16 outside them poisoned."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from kernels_support import (SAME_OPERANDS, assert_bitwise, assert_close, assert_unwritten,
-                             assert_written, bf16_tensor, cdiv, f32, poisoned)
+from adamw_oracle import adamw_planes
+from kernels_support import (assert_bitwise, assert_close, assert_unwritten, assert_written,
+                             bf16_tensor, f32, poisoned)
+from tolerances import ADAMW_REL, SAME_OPERANDS
 
 import torch
 from plan import launch_builders, profiles
 from plan import reference as ref
 from plan.kernels import meta
-from plan.kernels.adamw import adamw
 from plan.kernels.matmul import matmul
 from plan.kernels.weight_grad import weight_grad
+from plan.launch_types import cdiv
 
 RNG = np.random.default_rng(14)
 PROF = profiles.get("tiny")
 LEARNER = launch_builders.learner_constexprs(PROF)
-ADAMW_REL = 1e-6                          # as tests/test_kernels_adamw.py: pow vs squaring in fp64
 BLOCKS = dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, GROUP_M=2)
 T_BASE, DOORBELL = 4998, 7                # t = 5005
 GAP = 37                                  # P-plane words before, between and after the products
@@ -44,20 +45,6 @@ def _planes(n):
     M = (1e-3 * RNG.standard_normal(n)).astype(np.float32)
     V = np.abs(1e-6 * RNG.standard_normal(n)).astype(np.float32)
     return P, M, V
-
-
-def _oracle(g: np.ndarray, P, M, V):
-    """Today's update of one parameter with gradient g: the whole-plane adamw kernel (a decayed
-    matrix: no gain or E range inside it)."""
-    n = g.size
-    pmv = torch.from_numpy(np.concatenate([P, M, V]))
-    w16 = poisoned((n,), torch.bfloat16)
-    c = dict(launch_builders.adamw_constexprs(PROF, 1024), GAIN0_START=n, GAIN0_END=n,
-             GAIN1_START=n, GAIN1_END=n, EMBED_START=n, EMBED_END=n)
-    adamw[(cdiv(n, 1024),)](pmv, torch.from_numpy(np.ascontiguousarray(g.reshape(-1))), w16,
-                            torch.tensor([DOORBELL], dtype=torch.int32), T_BASE, n, **c)
-    out = f32(pmv)
-    return out[:n], out[n:2 * n], out[2 * n:], f32(w16)
 
 
 def _gradient(dy, x):
@@ -103,9 +90,9 @@ def test_weight_grad_adamw_is_todays_update(case, grid):
         untouched[sl] = False
         g = _gradient(dy, x)
         assert_close("gradient vs the bf16 product", g, ref.bf16(dy).T @ ref.bf16(x), SAME_OPERANDS)
-        want = _oracle(g, P[sl], M_[sl], V[sl])
+        want = adamw_planes(PROF, g, P[sl], M_[sl], V[sl], T_BASE, DOORBELL)
         for name, a, b in zip(("P", "M", "V", "w16"), (Pk[sl], Mk[sl], Vk[sl], Wk[sl]), want):
-            assert_bitwise(f"{name} of the ({M}, {N}) product vs today's adamw", a, b)
+            assert_bitwise(f"{name} of the ({M}, {N}) product vs the whole-plane adamw", a, b)
         # and the reference learner on the same gradient (one decayed matrix of M·N elements)
         one = type("Q", (), {"name": "w", "offset": 0, "end": M * N, "decay": True})()
         learner = type("L", (), {"parameters": (one,), "parameter_count": M * N,

@@ -169,7 +169,7 @@ class _Capture:
 @pytest.mark.skipif(not (ptx.ROOT / "tiny" / "sm_90a" / ptx.MANIFEST).is_file(),
                     reason="kernels_ptx not built")
 def test_the_run_passes_the_embedded_streams_levels_and_none_for_tokens(tmp_path, monkeypatch):
-    from fake_driver import FakeDriver
+    from tools.fake_driver import FakeDriver
     from host import driver as drv
     from host.run import Request, run
     from staging.views import StagingViews

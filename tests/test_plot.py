@@ -282,7 +282,7 @@ class _Recorder:
                     reason="kernels_ptx not built")
 @pytest.mark.parametrize("interrupt_at", [None, 1, 3])
 def test_publication_steps_are_the_run_loops(tmp_path, monkeypatch, interrupt_at):
-    from fake_driver import FakeDriver
+    from tools.fake_driver import FakeDriver
     from host import driver as drv
     from host.run import Request, run
     from staging.views import StagingViews

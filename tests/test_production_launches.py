@@ -1,19 +1,23 @@
-"""Issue #12 item 6: every production launch (each manifest entry of kernels_ptx/coppelius) runs in
-Triton's interpreter with its exact constexprs, grid and arguments on the production shapes, for a
-sample of its programs, against the numpy reference on exactly the tiles those programs own;
-outputs poisoned, no stray writes (tests/production_support.py says how, and how to extend it)."""
+"""Every production launch (each manifest entry of kernels_ptx/coppelius) runs in Triton's
+interpreter with its exact constexprs, grid and arguments on the production shapes, for a sample
+of its programs, against the numpy reference on exactly the tiles those programs own; outputs
+poisoned, no stray writes (tests/production/__init__.py says how, and how to extend it)."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
 import numpy as np
-import production_support as ps
 import pytest
+from production.case import Case
+from production.harness import REGISTRY, SKIPPED, UnknownKernel, check_launch
+from production.programs import (matmul_pid, matmul_split, matmul_tile, run_programs,
+                                 weight_grad_program)
 
 from plan import launches, profiles
 from plan.buffers import BufferSpec, buffers
 from plan.kernels import meta
+from plan.launch_types import cdiv
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILE = profiles.get("coppelius")
@@ -37,24 +41,24 @@ def test_the_h200_target_has_a_manifest():
 
 def test_every_production_function_has_an_oracle_or_a_reason():
     missing = sorted({(l.function, l.kernel) for l in KERNELS.values()
-                      if l.function not in ps.REGISTRY and l.function not in ps.SKIPPED})
-    assert not missing, f"no oracle in tests/production_support.py REGISTRY for {missing}"
+                      if l.function not in REGISTRY and l.function not in SKIPPED})
+    assert not missing, f"no oracle in the tests/production/ REGISTRY for {missing}"
 
 
 @pytest.mark.parametrize("kernel", list(KERNELS), ids=[f"{k}-{l.label}" for k, l in KERNELS.items()])
 def test_production_launch(kernel):
     launch = KERNELS[kernel]
-    if launch.function in ps.SKIPPED:
-        pytest.skip(f"{launch.function}: {ps.SKIPPED[launch.function]}")
-    report = ps.check_launch(launch, SPECS, PROFILE)
+    if launch.function in SKIPPED:
+        pytest.skip(f"{launch.function}: {SKIPPED[launch.function]}")
+    report = check_launch(launch, SPECS, PROFILE)
     print(f"{kernel} ({launch.label}): programs {report['pids']} of grid {launch.grid}, "
           f"interpreter {report['run_s']:.2f} s")
 
 
 def test_an_unknown_function_fails():
     fake = launches.Launch("split_k_0", "plan.kernels.matmul", "matmul_split_k", (1, 1, 1), ())
-    with pytest.raises(ps.UnknownKernel, match="matmul_split_k"):
-        ps.check_launch(fake, SPECS, PROFILE)
+    with pytest.raises(UnknownKernel, match="matmul_split_k"):
+        check_launch(fake, SPECS, PROFILE)
 
 
 # ---------------------------------------------------------------- the harness itself
@@ -74,12 +78,12 @@ def test_run_programs_runs_exactly_the_chosen_programs_in_order():
     import torch
     src = torch.arange(10 * 16, dtype=torch.float32)
     dst = torch.full((10 * 16 + 5,), float("nan"))
-    ps.run_programs(copy_f32, (10,), [7, 0, 9], [src, dst, 10 * 16], {"BLOCK": 16})
+    run_programs(copy_f32, (10,), [7, 0, 9], [src, dst, 10 * 16], {"BLOCK": 16})
     written = sorted({int(i) // 16 for i in np.flatnonzero(~torch.isnan(dst).numpy())})
     assert written == [0, 7, 9]
     assert torch.equal(dst[:16], src[:16]) and torch.equal(dst[144:160], src[144:160])
     with pytest.raises(ValueError, match="outside grid"):
-        ps.run_programs(copy_f32, (10,), [10], [src, dst, 160], {"BLOCK": 16})
+        run_programs(copy_f32, (10,), [10], [src, dst, 160], {"BLOCK": 16})
 
 
 def test_a_pointer_without_its_offset_fails(monkeypatch):
@@ -88,16 +92,16 @@ def test_a_pointer_without_its_offset_fails(monkeypatch):
     tiles of slab 1 stay poison."""
     launch = next(l for l in KERNELS.values() if l.label == "layers.0.out_proj")
     assert launch.arg("out_ptr").offset == PROFILE.context * PROFILE.width
-    resolve = ps.Case.resolve
+    resolve = Case.resolve
 
     def base_only(case, arg):
         if arg is launch.arg("out_ptr"):
             arg = launches.BufferRef(arg.buffer, 0, arg.dtype)
         return resolve(case, arg)
 
-    monkeypatch.setattr(ps.Case, "resolve", base_only)
+    monkeypatch.setattr(Case, "resolve", base_only)
     with pytest.raises(AssertionError) as err:
-        ps.check_launch(launch, SPECS, PROFILE)
+        check_launch(launch, SPECS, PROFILE)
     assert "stray write" in str(err.value) and "resid element 0 (0, 0, 0)" in str(err.value)
     assert "out_ptr (program 0): 64+ owned elements never written" in str(err.value)
 
@@ -114,7 +118,7 @@ def test_a_stray_write_and_an_unwritten_tile_fail():
                       "K": launches.Scalar("i32", K)},
                      {"A_T": False, "B_T": True, "EPILOGUE": meta.EPI_F32, "SPLIT_K": 1,
                       "BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2}, specs)
-    entry = ps.REGISTRY["matmul"]
+    entry = REGISTRY["matmul"]
     real = entry.expect
 
     def shifted(case, pid):                     # program 3's tile, claimed for program 0
@@ -123,7 +127,7 @@ def test_a_stray_write_and_an_unwritten_tile_fail():
     entry.expect = shifted
     try:
         with pytest.raises(AssertionError) as err:
-            ps.check_launch(launch, specs, pids=[0])
+            check_launch(launch, specs, pids=[0])
     finally:
         entry.expect = real
     assert "stray write" in str(err.value) and "never written" in str(err.value)
@@ -134,7 +138,7 @@ def _matmul_small(M, N, K, bm, bn, g, slab, splits=1):
     with splits > 1 its (splits, M, N) partials from there."""
     specs = {"a": _spec("a", "bf16", (K, M)), "b": _spec("b", "bf16", (K, N)),
              "c": _spec("c", "fp32", (3 + splits, M, N))}
-    return _launch("plan.kernels.matmul", "matmul", (ps.cdiv(M, bm) * ps.cdiv(N, bn) * splits,),
+    return _launch("plan.kernels.matmul", "matmul", (cdiv(M, bm) * cdiv(N, bn) * splits,),
                    {"a_ptr": launches.BufferRef("a", 0, "bf16"), "b_ptr": launches.BufferRef("b", 0, "bf16"),
                     "c_ptr": launches.BufferRef("c", slab * M * N, "fp32"),
                     "aux_ptr": launches.BufferRef("c", 0, "fp32"),
@@ -149,26 +153,26 @@ def test_matmul_tile_mapping_is_the_kernels():
     writes exactly the tile matmul_tile names, at the slab offset."""
     M, N, K, bm, bn, g = 75, 40, 48, 16, 16, 2
     launch, specs = _matmul_small(M, N, K, bm, bn, g, slab=1)
-    tiles = [ps.matmul_tile(p, M, N, bm, bn, g) for p in range(launch.grid[0])]
+    tiles = [matmul_tile(p, M, N, bm, bn, g) for p in range(launch.grid[0])]
     assert sorted(tiles) == [(i, j) for i in range(5) for j in range(3)]
-    assert all(ps.matmul_pid(*t, M, N, bm, bn, g) == p for p, t in enumerate(tiles))
+    assert all(matmul_pid(*t, M, N, bm, bn, g) == p for p, t in enumerate(tiles))
     for pid in range(launch.grid[0]):
-        ps.check_launch(launch, specs, pids=[pid])
+        check_launch(launch, specs, pids=[pid])
 
 
 def test_split_k_matmul_mapping_is_the_kernels():
-    """Split-K (issue 14): 5 K chunks over 3 splits (2, 2, 1); each program run alone writes its
+    """Split-K: 5 K chunks over 3 splits (2, 2, 1); each program run alone writes its
     tile of its split's partial, at the slab offset."""
     M, N, K, bm, bn, g, S = 75, 40, 160, 16, 16, 2, 3
     launch, specs = _matmul_small(M, N, K, bm, bn, g, slab=1, splits=S)
-    ks = [ps.matmul_split(p, M, N, K, bm, bn, 32, S)[1] for p in range(launch.grid[0])]
+    ks = [matmul_split(p, M, N, K, bm, bn, 32, S)[1] for p in range(launch.grid[0])]
     assert {(k.start, k.stop) for k in ks} == {(0, 64), (64, 128), (128, 160)}
     for pid in range(launch.grid[0]):
-        ps.check_launch(launch, specs, pids=[pid])
+        check_launch(launch, specs, pids=[pid])
 
 
 def test_weight_grad_program_mapping_is_the_kernels():
-    """Two products' 9 tiles over 5 programs (issue 14, the side lane): program p runs tiles
+    """Two products' 9 tiles over 5 programs (the side lane's launch): program p runs tiles
     p, p + 5, … across the products' boundary; each program run alone updates exactly the
     P/M/V/w16 tiles the mapping names."""
     T, (M0, N0), (M1, N1), bm, bn, grid = 40, (36, 20), (16, 48), 16, 16, 5
@@ -187,16 +191,16 @@ def test_weight_grad_program_mapping_is_the_kernels():
     args |= {k: launches.Scalar("i32", v) for k, v in
              (("M0", M0), ("N0", N0), ("M1", M1), ("N1", N1), ("T", T), ("NPARAM", n))}
     from plan import launch_builders
-    tiles = [ps.cdiv(M0, bm) * ps.cdiv(N0, bn), ps.cdiv(M1, bm) * ps.cdiv(N1, bn)]
+    tiles = [cdiv(M0, bm) * cdiv(N0, bn), cdiv(M1, bm) * cdiv(N1, bn)]
     launch = _launch("plan.kernels.weight_grad", "weight_grad", (grid,), args,
                      {"PRODUCTS": 2, **launch_builders.learner_constexprs(PROFILE),
                       "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 16, "GROUP_M": 2}, specs)
-    owned = [ps.weight_grad_program(p, tiles, grid) for p in range(grid)]
+    owned = [weight_grad_program(p, tiles, grid) for p in range(grid)]
     assert tiles == [6, 3] and [len(o) for o in owned] == [2, 2, 2, 2, 1]
     assert owned[1] == [(0, 1), (1, 0)]              # crosses into product 1
     assert sorted(sum(owned, [])) == [(0, t) for t in range(6)] + [(1, t) for t in range(3)]
     for pid in range(grid):
-        ps.check_launch(launch, specs, PROFILE, pids=[pid])
+        check_launch(launch, specs, PROFILE, pids=[pid])
 
 
 ATTENTION_ARGS = {   # the builders' pointer arguments (plan/launch_builders.py), in order
@@ -238,7 +242,7 @@ def test_attention_program_mapping_is_the_kernels(function):
         assert any(len({j for j, _ in sp.dkdv_chunk_pairs(b, c)}) > 1 for b, c, _ in sp.dkdv_programs())
         assert any(len(sp.dkdv_chunk_pairs(b, c)) < bc for b, c, _ in sp.dkdv_programs())
     for pid in range(n):
-        ps.check_launch(launch, specs, pids=[pid])
+        check_launch(launch, specs, pids=[pid])
 
 
 def test_rmsnorm_bwd_gain_program_mapping_is_the_kernels():
@@ -254,4 +258,4 @@ def test_rmsnorm_bwd_gain_program_mapping_is_the_kernels():
                      {"D": D, "WRITE_BF16": True, "BLOCK_R": 4, "BLOCK_D": 64, "GAIN_ROWS": 4,
                       "GAIN_COLS": 16, "DY_PARTS": 1}, specs)
     for pid in range(6):
-        ps.check_launch(launch, specs, pids=[pid])
+        check_launch(launch, specs, pids=[pid])

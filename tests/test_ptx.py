@@ -1,4 +1,4 @@
-"""Issue #7: the committed PTX is exactly what tools/build_ptx.py produces, assembles with ptxas
+"""The committed PTX is exactly what tools/build_ptx.py produces, assembles with ptxas
 for its target, has no atomics, uses wgmma on sm_90a, and its manifest covers the launch lists."""
 from __future__ import annotations
 
@@ -45,18 +45,39 @@ def _ptx_files():
     return sorted(PTX_DIR.glob("*/*/*.ptx"))
 
 
-def test_rebuild_matches_committed_bytes(tmp_path):
+def test_rebuild_matches_committed_bytes():
+    """`python -m tools.build_ptx --check`: every profile and target rebuilt in a temporary
+    directory, byte for byte the committed tree (and no file more or less)."""
     env = dict(os.environ)
     env.pop("TRITON_INTERPRET", None)
-    subprocess.run([sys.executable, str(ROOT / "tools" / "build_ptx.py"), "--out", str(tmp_path),
-                    "--jobs", str(os.cpu_count() or 2)], check=True, env=env, cwd=tmp_path)
-    built = {p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file()}
-    committed = {p.relative_to(PTX_DIR) for p in PTX_DIR.rglob("*") if p.is_file()}
-    assert built == committed, (f"only built: {sorted(built - committed)[:5]}, "
-                                f"only committed: {sorted(committed - built)[:5]}")
-    differ = [str(p) for p in sorted(built) if (tmp_path / p).read_bytes() != (PTX_DIR / p).read_bytes()]
-    assert not differ, f"rebuilt files differ from the committed ones: {differ[:5]} " \
-                       "(run tools/build_ptx.py and commit kernels_ptx/)"
+    r = subprocess.run([sys.executable, "-m", "tools.build_ptx", "--check",
+                        "--jobs", str(os.cpu_count() or 2)], env=env, cwd=ROOT,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, (f"the rebuild differs from the committed PTX (run python -m "
+                               f"tools.build_ptx and commit kernels_ptx/):\n{r.stderr[-3000:]}")
+    assert "byte for byte" in r.stdout
+    committed = {p.relative_to(PTX_DIR).parts[:2] for p in PTX_DIR.rglob("*") if p.is_file()}
+    assert committed == {(p, t) for p, t in DIRS}         # --check covered every directory
+
+
+def test_the_rebuild_check_names_every_difference(tmp_path):
+    """differences(): a file only rebuilt, one only committed, and one whose last byte differs are
+    each named; an identical tree gives nothing."""
+    from tools.build_ptx import differences
+    built, ref = tmp_path / "built", tmp_path / "ref"
+    for root in (built, ref):
+        (root / "tiny" / "sm_80").mkdir(parents=True)
+        (root / "tiny" / "sm_80" / "same.ptx").write_bytes(b"same bytes\n")
+        (root / "tiny" / "sm_80" / "last.ptx").write_bytes(b"x" * 4096 + b"\n")
+    dirs = [("tiny", "sm_80")]
+    assert differences(built, ref, dirs) == []
+    (ref / "tiny" / "sm_80" / "last.ptx").write_bytes(b"x" * 4096 + b"\r")
+    (built / "tiny" / "sm_80" / "new.ptx").write_bytes(b"")
+    (ref / "tiny" / "sm_80" / "gone.ptx").write_bytes(b"")
+    got = differences(built, ref, dirs)
+    assert [line.split(":")[0] for line in got] == ["tiny/sm_80/gone.ptx", "tiny/sm_80/last.ptx",
+                                                    "tiny/sm_80/new.ptx"], got
+    assert "only in the rebuild" in got[2] and f"only in {ref}" in got[0] and "differs" in got[1]
 
 
 def test_every_ptx_assembles_for_its_target():
@@ -147,7 +168,7 @@ def _grid_dependency_problems(ptx: str) -> list[str]:
 
 @pytest.mark.parametrize("profile,target", DIRS)
 def test_programmatic_kernels_wait_before_touching_memory(profile, target):
-    """Issue 14 (programmatic dependent launch): a kernel the manifest marks `pdl` — every Triton
+    """Programmatic dependent launch: a kernel the manifest marks `pdl` — every Triton
     kernel on sm_90a, none on sm_80, which has no griddepcontrol — reads and writes no memory
     before griddepcontrol.wait, so overlapping its launch with its predecessor changes no bit;
     the hand-written kernels are never marked (their edges stay full)."""

@@ -75,8 +75,8 @@ def test_the_complete_run_reproduces_the_golden(complete):
     golden = Path(__file__).resolve().parent / "golden" / "tiny-result-c0.bin"
     r = cli("diff", golden, d / "result.bin")
     assert r.returncode == 0, (r.stdout[-3000:] + "\nthe stream, kernels or launch lists changed: "
-                               "if on purpose, regenerate with `PYTHONPATH=$PWD .venv/bin/python "
-                               "tools/make_golden.py` and commit tests/golden/")
+                               "if on purpose, regenerate with `.venv/bin/python -m "
+                               "tools.make_golden` and commit tests/golden/")
 
 
 def test_sigterm_then_continue_reproduces_the_overlap(complete, tmp_path):

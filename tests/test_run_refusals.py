@@ -2,7 +2,7 @@
 spelling of a checkpoint takes one lock, a failed publication's notifier reason starts with its
 cause, and the closing lines stay one line each at any width.
 
-The runs use the cuda backend's host logic on the fake driver (tests/fake_driver.py, in-process,
+The runs use the cuda backend's host logic on the fake driver (tools/fake_driver.py, in-process,
 milliseconds a run); its device runs only the releases, so the record-marker check is switched off
 to let a run reach its update steps.
 """
@@ -30,7 +30,7 @@ from staging import records as R
 from staging import tokens as tk
 from staging.views import StagingViews
 
-from fake_driver import FakeDriver
+from tools.fake_driver import FakeDriver
 
 TINY = profiles.get("tiny")
 REPO = Path(__file__).resolve().parent.parent
@@ -188,7 +188,7 @@ def test_a_full_disk_names_its_cause_first_and_the_line_is_not_wrapped(fake, tmp
                                                                       monkeypatch):
     def full(fd, buf, offset):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-    monkeypatch.setattr(C, "_pwrite_all", full)
+    monkeypatch.setattr("host.checkpoint_publish.pwrite_all", full)   # the payload writes
     cache(tmp_path / "t.tokens")
     ckpt = tmp_path / ("a-long-directory-name-" * 3) / "c.ckpt"
     ckpt.parent.mkdir()

@@ -321,11 +321,7 @@ def test_design_refuses_what_does_not_fit():
 
 
 def test_proxy_tool_old_stream_is_the_old_bytes():
-    sys.path.insert(0, str(ROOT / "tools"))
-    try:
-        import proxy_train
-    finally:
-        sys.path.remove(str(ROOT / "tools"))
+    from tools import proxy_train
     p = profiles.get("tiny")
     old = proxy_train.OldStream(p)
     assert sha(old.generate()) == old.SHA256["tiny"]
@@ -334,10 +330,10 @@ def test_proxy_tool_old_stream_is_the_old_bytes():
 def test_proxy_tool_smoke(tmp_path):
     """A few steps of a tiny proxy: the printed floor is the stream's per-context floor."""
     out = tmp_path / "curve.jsonl"
-    r = subprocess.run([sys.executable, str(ROOT / "tools" / "proxy_train.py"), "--profile", "tiny",
+    r = subprocess.run([sys.executable, "-m", "tools.proxy_train", "--profile", "tiny",
                         "--width", "32", "--layers", "1", "--heads", "2", "--kv-heads", "1",
                         "--head-dim", "16", "--steps", "4", "--every", "2", "--threads", "1",
-                        "--json", str(out)], capture_output=True, text=True, timeout=120)
+                        "--json", str(out)], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [row["step"] for row in rows] == [2, 4]

@@ -1,7 +1,7 @@
 """The side-by-side benchmark on the CPU, against the committed golden result (no Coppelius run):
 same initial weights, same contexts, same AdamW, bf16 operands; the first losses agree.
 
-The device check itself (tools/gpu_check.sh, which runs this benchmark as its phase 6) is tested
+The device check itself (tools/gpu_check.sh, which runs this benchmark in its torch phases) is tested
 by tests/test_gpu_check.py.
 """
 import json
@@ -15,14 +15,14 @@ ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "golden" / "tiny-result-c0.bin"
 
 
-@pytest.mark.skipif(not GOLDEN.exists(), reason="no golden: run tools/make_golden.py")
+@pytest.mark.skipif(not GOLDEN.exists(), reason="no golden: run python -m tools.make_golden")
 def test_bench_torch_beside_a_result_file(tmp_path):
     out = tmp_path / "bench.json"
-    r = subprocess.run([sys.executable, str(ROOT / "tools" / "bench_torch.py"), "--result", str(GOLDEN),
+    r = subprocess.run([sys.executable, "-m", "tools.bench_torch", "--result", str(GOLDEN),
                         "--steps", "3", "--warmup", "1", "--device", "cpu", "--variants", "eager",
                         "--agree-steps", "3", "--directory", str(tmp_path / "stream"),
                         "--json", str(out)],
-                       capture_output=True, text=True, cwd=tmp_path, timeout=900)
+                       capture_output=True, text=True, cwd=ROOT, timeout=900)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     j = json.loads(out.read_text())
     assert [row["variant"] for row in j["rows"]] == ["coppelius", "eager"]
@@ -40,14 +40,14 @@ def test_bench_torch_refuses_a_continued_result(tmp_path):
     from host.result_file import read
     from staging import records as R
     if not GOLDEN.exists():
-        pytest.skip("no golden: run tools/make_golden.py")
+        pytest.skip("no golden: run python -m tools.make_golden")
     data = bytearray(GOLDEN.read_bytes())
     c0 = read(GOLDEN).offsets["status"][0] + R.STATUS_BLOCK.offset("c0")
     width = R.STATUS_BLOCK.dtype.fields["c0"][0].itemsize
     data[c0:c0 + width] = (5).to_bytes(width, "little")
     bad = tmp_path / "continued.bin"
     bad.write_bytes(bytes(data))
-    r = subprocess.run([sys.executable, str(ROOT / "tools" / "bench_torch.py"), "--result", str(bad),
+    r = subprocess.run([sys.executable, "-m", "tools.bench_torch", "--result", str(bad),
                         "--device", "cpu", "--variants", "eager"],
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert r.returncode != 0 and "continued from update" in r.stderr + r.stdout

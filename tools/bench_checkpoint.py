@@ -1,7 +1,7 @@
 """Checkpoint throughput at production size (692 MB): publish and load vs `dd` + `sha256sum`
-over the same bytes, in the same run (issue #5).  Not part of the test suite.
+over the same bytes, in the same run.  Not part of the test suite.
 
-    .venv/bin/python tools/bench_checkpoint.py [--dir DIR] [--repeats 3] [--profile coppelius]
+    .venv/bin/python -m tools.bench_checkpoint [--dir DIR] [--repeats 3] [--profile coppelius]
 
 Publish is compared with `dd if=SRC of=DST bs=4M conv=fsync` followed by `sha256sum DST`
 (a durable write of the payload plus one digest pass); load with `dd if=CKPT of=/dev/null bs=4M`
@@ -23,11 +23,9 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from host import checkpoint as C          # noqa: E402
-from host import checkpoint_format as F   # noqa: E402
-from plan import profiles                 # noqa: E402
+from host import checkpoint as C
+from host import checkpoint_format as F
+from plan import profiles
 
 
 CPU: dict[str, list[float]] = {}          # name → CPU seconds (user + sys) per repeat

@@ -1,6 +1,6 @@
 """Side by side: Coppelius against the same model and learner in PyTorch, on the same device.
 
-Same initial weights (the fresh initialization of SPEC §4), the same contexts (the token cache's
+Same initial weights (the fresh initialization of CONTRACT §4), the same contexts (the token cache's
 first steps), the same AdamW (torch's fused AdamW with the profile's hyper-parameters), bf16
 operands with fp32 accumulation.  Variants: `eager`, `reduce-overhead` (torch.compile with CUDA
 graphs) and `default` (torch.compile's default mode).
@@ -15,8 +15,8 @@ The ratio is torch over Coppelius.  A compiled variant's compile time is reporte
 warm-up steps' wall time beyond `warmup` steady steps.  Loss agreement: max |Δ mean ce| over the
 first `--agree-steps` steps.
 
-  python3 tools/bench_torch.py --result RUN.bin --steps 200 --json bench.json      # on a GPU
-  python tools/bench_torch.py --result tests/golden/tiny-result-c0.bin --device cpu \
+  python3 -m tools.bench_torch --result RUN.bin --steps 200 --json bench.json      # on a GPU
+  python -m tools.bench_torch --result tests/golden/tiny-result-c0.bin --device cpu \
       --steps 4 --warmup 1 --variants eager                                        # on the CPU
 
 Without `--result` the Coppelius side is run here first (`--backend`, `--profile`, `--steps`).
@@ -35,9 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from plan import profiles, reference  # noqa: E402
+from plan import profiles, reference
 
 VARIANTS = {"eager": None, "reduce-overhead": "reduce-overhead", "default": "default"}
 AGREE_ATOL = 1e-2       # max |Δ mean ce| over the first steps: same model, different rounding points

@@ -1,8 +1,11 @@
-"""Build kernels_ptx/<profile>/<target>/ (SPEC §12): Triton ahead-of-time → PTX for every kernel
+"""Build kernels_ptx/<profile>/<target>/ (CONTRACT §12): Triton ahead-of-time → PTX for every kernel
 the launch lists name, the hand-written PTX (release, release_stage_in), and a manifest.json per
 directory.
 
-  .venv/bin/python tools/build_ptx.py [--out DIR] [--profile P ...] [--target T ...] [--jobs N]
+  .venv/bin/python -m tools.build_ptx [--out DIR] [--profile P ...] [--target T ...] [--jobs N]
+  .venv/bin/python -m tools.build_ptx --check     # rebuild in a temporary directory, compare with
+                                                  # kernels_ptx/ (or --out) byte for byte
+  .venv/bin/python -m tools.build_ptx --report [--json] [--measured FILE]    # the cost model
 
 No GPU is needed.  Pinned: Triton 3.9.0, PTX ISA 8.0 (`.version 8.0`, what CUDA 12.0 drivers and
 later accept; sm_90a's wgmma needs exactly 8.0), no line info, no FMA contraction (the interpreter
@@ -32,11 +35,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from plan import launches, profiles  # plain data: no Triton in this process
 
-from plan import launches, profiles  # noqa: E402  (plain data: no Triton in this process)
+ROOT = Path(__file__).resolve().parent.parent
 
 TRITON_VERSION = "3.9.0"
 PTX_ISA = (8, 0)
@@ -203,16 +204,43 @@ def build(out: Path, profile_names, target_names, jobs: int) -> list[Path]:
     return written
 
 
+def differences(built: Path, reference: Path, dirs) -> list[str]:
+    """What differs between two trees in the <profile>/<target> directories `dirs`: a file only
+    in one of them, or whose bytes differ (paths relative to the trees, sorted)."""
+    out = []
+    for pname, target in dirs:
+        a, b = built / pname / target, reference / pname / target
+        mine = {p.relative_to(built) for p in a.rglob("*") if p.is_file()}
+        theirs = {p.relative_to(reference) for p in b.rglob("*") if p.is_file()}
+        out += [f"{p}: only in the rebuild" for p in mine - theirs]
+        out += [f"{p}: only in {reference}" for p in theirs - mine]
+        out += [f"{p}: differs ({(built / p).stat().st_size} B rebuilt, "
+                f"{(reference / p).stat().st_size} B in {reference})"
+                for p in mine & theirs if (built / p).read_bytes() != (reference / p).read_bytes()]
+    return sorted(out)
+
+
+def check(reference: Path, profile_names, target_names, jobs: int) -> list[str]:
+    """Rebuild into a temporary directory; what differs from `reference` (empty: byte for byte)."""
+    with tempfile.TemporaryDirectory(prefix="coppelius-ptx-check-") as tmp:
+        build(Path(tmp), profile_names, target_names, jobs)
+        return differences(Path(tmp), reference,
+                           [(p, t) for p in profile_names for t in target_names])
+
+
 def report(profile_name: str, target: str, as_json: bool = False, measured: Path | None = None) -> str:
-    """The H200 cost model of the update list from the committed PTX (tools/cost_model.py)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import cost_model
-    return cost_model.report(profile_name, target, "update", as_json, measured)
+    """The H200 cost model of the update list from the committed PTX (tools/cost/)."""
+    from tools.cost.report import report as cost_report
+    return cost_report(profile_name, target, "update", as_json, measured)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                    help="where to build (with --check: the tree to compare with)")
+    ap.add_argument("--check", action="store_true",
+                    help="rebuild in a temporary directory and compare with --out byte for byte; "
+                         "exit 1 naming every file that differs")
     ap.add_argument("--profile", action="append", choices=profiles.names())
     ap.add_argument("--target", action="append", choices=list(TARGETS))
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
@@ -225,6 +253,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if (a.json or a.measured) and not a.report:
         ap.error("--json and --measured go with --report")
+    if a.check and a.report:
+        ap.error("--check and --report are separate commands")
     if a.report:
         from host.errors import UserError
         try:
@@ -235,7 +265,16 @@ def main(argv=None) -> int:
             print(f"error: {e}", file=sys.stderr)
             return e.exit_code
         return 0
-    files = build(a.out, a.profile or profiles.names(), a.target or list(TARGETS), max(1, a.jobs))
+    names, targets, jobs = a.profile or profiles.names(), a.target or list(TARGETS), max(1, a.jobs)
+    if a.check:
+        differ = check(a.out, names, targets, jobs)
+        for line in differ:
+            print(line, file=sys.stderr)
+        dirs = ", ".join(f"{p}/{t}" for p in names for t in targets)
+        print(f"{a.out}: {len(differ)} file(s) differ from a rebuild ({dirs})" if differ else
+              f"{a.out}: a rebuild reproduces {dirs} byte for byte")
+        return 1 if differ else 0
+    files = build(a.out, names, targets, jobs)
     total = sum(f.stat().st_size for f in files)
     print(f"{len(files)} files, {total / 1e6:.2f} MB under {a.out}")
     return 0

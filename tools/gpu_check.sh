@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The device check (issues 12, 24): one budgeted command for a GPU machine.  Phases in the order of
+# The device check: one budgeted command for a GPU machine.  Phases in the order of
 # what matters most (doctor, tiny, production, full-run, per-launch, experiments, sanitizer,
 # gpu-tests, torch, torch-default) under one budget; the report ($OUT/report.md, report.json,
 # logs.tar.gz and the phases' own files, 8 at most with whatever else $OUT holds) is rewritten
@@ -17,7 +17,8 @@
 # Every cuda run waits at most 20 s for a fence (a hang costs seconds); GPU tests run under a
 # per-test timeout.  --profile P / --tiny-steps N: GPU mode's production phases on another profile
 # and the tiny phase on fewer steps.
-# Everything is in tools/gpu_check.py; this wrapper only picks the Python and the import path.
+# Everything is in tools/gpu_check/ (python -m tools.gpu_check); this wrapper only picks the
+# Python and the import path.
 # Packages missing on the GPU image can travel as wheels in .whl/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -29,4 +30,4 @@ if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
     --target /tmp/site .whl/*.whl && export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-exec "$PY" tools/gpu_check.py "$@"
+exec "$PY" -m tools.gpu_check "$@"

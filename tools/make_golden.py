@@ -1,8 +1,8 @@
 """Regenerate (or check) the committed golden result: the tiny profile's embedded default run on the
 interpret backend, `tests/golden/tiny-result-c0.bin`.
 
-  PYTHONPATH=$PWD .venv/bin/python tools/make_golden.py            # rewrite the golden (~1.5 min)
-  PYTHONPATH=$PWD .venv/bin/python tools/make_golden.py --check    # run, compare, change nothing
+  .venv/bin/python -m tools.make_golden            # rewrite the golden (~1.5 min)
+  .venv/bin/python -m tools.make_golden --check    # run, compare, change nothing
 
 It runs exactly what `coppelius run --profile tiny --backend interpret` runs with no arguments (a
 fresh checkpoint, the embedded stream, every step of the profile), in a temporary directory, and
@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from blas_pin import pin
+from tools.blas_pin import pin
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN_DIR = ROOT / "tests" / "golden"

@@ -1,18 +1,18 @@
-"""Train a proxy of the Coppelius model in PyTorch on the CPU on the embedded stream (issue 17 evidence).
+"""Train a proxy of the Coppelius model in PyTorch on the CPU on the embedded stream (docs/STREAM.md).
 
-The SPEC's model (rmsnorm, rotary rotate-half, GQA, SwiGLU, untied embedding and head; init
-N(0, 0.02), gains 1) at a chosen size, in fp32, and the SPEC's learner (torch.optim.AdamW: lr 3e-4,
-betas 0.9/0.95, eps 1e-8, bias-corrected, weight decay 0.1 on the matrices E, W*, Whead only; no
-clipping), one context of T = 1024 tokens per step, step s on context s.  Every N steps it prints,
+The contract's model (CONTRACT §3: rmsnorm, rotary rotate-half, GQA, SwiGLU, untied embedding and
+head; init N(0, 0.02), gains 1) at a chosen size, in fp32, and its learner (CONTRACT §4:
+torch.optim.AdamW: lr 3e-4, betas 0.9/0.95, eps 1e-8, bias-corrected, weight decay 0.1 on the
+matrices E, W*, Whead only; no clipping), one context of T = 1024 tokens per step, step s on context s.  Every N steps it prints,
 over the window of the last N steps: the mean loss, the mean per-context floor of the same contexts,
 the mean no-copy level, the share of the gap closed (ln V − loss)/(ln V − floor) — L0 = ln V, the
 loss of the uniform prediction, which a N(0, 0.02) initialization starts within 0.01 of — the
 copy-block loss (mean loss on the content rows of copy blocks, floor 0) and the Markov-content loss
 (floor ln K, or H(p) on the old stream).
 
-  python tools/proxy_train.py --width 256 --layers 4 --heads 4 --kv-heads 2 --steps 3000
-  python tools/proxy_train.py --stream old ...      # the generator before issue 17, frozen below
-  python tools/proxy_train.py --design copy_reach=1,successors=8 ...   # explore other designs
+  python -m tools.proxy_train --width 256 --layers 4 --heads 4 --kv-heads 2 --steps 3000
+  python -m tools.proxy_train --stream old ...      # the earlier generator, frozen below
+  python -m tools.proxy_train --design copy_reach=1,successors=8 ...   # explore other designs
 
 Not part of `make test` (tests/test_synthetic.py runs it for a few steps on a tiny model).
 """
@@ -28,19 +28,17 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from plan import profiles  # noqa: E402
-from staging import synthetic  # noqa: E402
+from plan import profiles
+from staging import synthetic
 
 INIT_STD = 0.02
 RMS_EPS = 1e-6
 ROPE_BASE = 10000.0
 
 
-# ------------------------------------------------------------------ the stream before issue 17
+# ------------------------------------------------------------------ the earlier stream
 class OldStream:
-    """A frozen copy of the generator before issue 17 (for the comparison): 9 markers, a chain over
+    """A frozen copy of the earlier generator (for the comparison): 9 markers, a chain over
     all V - 9 other ids with dyadic successor probabilities (1/2, 1/4, 1/8, 1/8), copy probability
     1/2 with a distance uniform in 1..min(b, 8).  Its bytes are those the old pinned sha256 named."""
     BLOCK, REACH, Q = 64, 8, 0.5
@@ -126,7 +124,7 @@ class NewStream:
 
 # ------------------------------------------------------------------------------- the model
 def build(torch, profile, args):
-    """Parameters (name → leaf tensor, SPEC order) and a forward returning the per-row ce (T,)."""
+    """Parameters (name → leaf tensor, the contract's order) and a forward returning the per-row ce (T,)."""
     import torch.nn.functional as F
 
     V, T, D, L = profile.vocab, profile.context, args.width, args.layers
@@ -145,7 +143,7 @@ def build(torch, profile, args):
     params["g_final"] = torch.nn.Parameter(torch.ones(D))
     params["head"] = mat(V, D)
 
-    freq = ROPE_BASE ** (-2.0 * np.arange(d // 2) / d)                 # float64, SPEC §3
+    freq = ROPE_BASE ** (-2.0 * np.arange(d // 2) / d)                 # float64, CONTRACT §3
     angle = np.arange(T)[:, None] * freq[None, :]                      # (T, d/2)
     cos = torch.from_numpy(np.tile(np.cos(angle), 2).astype(np.float32))   # (T, d)
     sin = torch.from_numpy(np.tile(np.sin(angle), 2).astype(np.float32))

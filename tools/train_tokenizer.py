@@ -1,6 +1,6 @@
 """Train the shipped byte-level BPE tokenizer (V = 12288) on the .py files of Python's stdlib.
 
-    .venv/bin/python tools/train_tokenizer.py [-o plan/data/tokenizer.json] [--vocab 12288]
+    .venv/bin/python -m tools.train_tokenizer [-o plan/data/tokenizer.json] [--vocab 12288]
 
 Pieces come from host.tokenizer.PIECE_PATTERN (GPT-2's split with ASCII classes), so the
 host's cached piecewise encoder reproduces the tokenizer exactly.  Id 0 is `<|endoftext|>` (the document separator `coppelius tokenize` appends after each file);
@@ -9,15 +9,12 @@ the 256 byte symbols are always present, so any text encodes.
 from __future__ import annotations
 
 import argparse
-import pathlib
 import sys
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
-
-from host.tokenizer import (DEFAULT_TOKENIZER, END_OF_TEXT, pre_tokenizer, read_text,  # noqa: E402
+from host.tokenizer import (DEFAULT_TOKENIZER, END_OF_TEXT, pre_tokenizer, read_text,
                             stdlib_python_files)
-from plan import profiles  # noqa: E402
+from plan import profiles
 
 
 def train(files, vocab: int):

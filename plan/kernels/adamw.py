@@ -1,9 +1,8 @@
 """AdamW (NUMERICS.md §AdamW) as jit helpers — the bias corrections and the per-element update —
 used by every kernel that updates parameters: the weight-gradient epilogues (matrices,
-plan/kernels/weight_grad.py), embed_grad (E and the two gains); and the whole-plane `adamw`
-kernel, which no launch list runs any more but which the kernel tests keep as the oracle the
-fused updates must match bit for bit.  And the plain P → bf16 cast that refreshes the copy after a
-load or a fresh init.
+plan/kernels/weight_grad.py), embed_grad and embed_decay (E and the two gains).  (The whole-plane
+form of the same update is the tests' oracle, tests/adamw_oracle.py.)  And the plain P → bf16 cast
+that refreshes the copy after a load or a fresh init.
 
 t = t_base + doorbell (NUMERICS.md; the doorbell is the device copy the submission's first launch
 stages): the bias corrections are formed per program in float64 (β^t by binary exponentiation
@@ -72,34 +71,6 @@ def adamw_tile(p_ptr, offs, mask, g, STRIDE, step_size, bc2_sqrt, DECAYED: tl.co
     p = p - tl.div_rn(step_size * m, tl.div_rn(tl.sqrt_rn(v), bc2_sqrt) + EPS)
     tl.store(p_ptr + offs, p, mask=mask)
     return p
-
-
-@triton.jit
-def adamw(pmv_ptr, grad_ptr, w16_ptr, doorbell_ptr, t_base, N,
-          GAIN0_START: tl.constexpr, GAIN0_END: tl.constexpr,
-          GAIN1_START: tl.constexpr, GAIN1_END: tl.constexpr,
-          EMBED_START: tl.constexpr, EMBED_END: tl.constexpr,
-          LR: tl.constexpr, BETA1_F64: tl.constexpr, BETA2_F64: tl.constexpr,
-          DECAY: tl.constexpr, BETA1: tl.constexpr, ONE_MINUS_BETA1: tl.constexpr,
-          BETA2: tl.constexpr, ONE_MINUS_BETA2: tl.constexpr, EPS: tl.constexpr,
-          BLOCK: tl.constexpr):
-    """One update of N parameters from a gradient plane; the fp32 constants arrive already
-    rounded to fp32.  The oracle of the fused updates (tests/test_kernels_adamw.py)."""
-    step_size, bc2_sqrt = bias_corrections(doorbell_ptr, t_base, LR, BETA1_F64, BETA2_F64)
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < N
-    g = tl.load(grad_ptr + offs, mask=mask, other=0.0)
-    p = tl.load(pmv_ptr + offs, mask=mask, other=0.0)
-    m = tl.load(pmv_ptr + N + offs, mask=mask, other=0.0)
-    v = tl.load(pmv_ptr + 2 * N + offs, mask=mask, other=0.0)
-    gain = ((offs >= GAIN0_START) & (offs < GAIN0_END)) | ((offs >= GAIN1_START) & (offs < GAIN1_END))
-    p, m, v = adamw_update(tl.where(gain, p, p * DECAY), m, v, g, step_size, bc2_sqrt,
-                           BETA1, ONE_MINUS_BETA1, BETA2, ONE_MINUS_BETA2, EPS)
-    tl.store(pmv_ptr + offs, p, mask=mask)
-    tl.store(pmv_ptr + N + offs, m, mask=mask)
-    tl.store(pmv_ptr + 2 * N + offs, v, mask=mask)
-    embed = (offs >= EMBED_START) & (offs < EMBED_END)
-    tl.store(w16_ptr + offs, p.to(tl.bfloat16), mask=mask & ~(gain | embed))
 
 
 @triton.jit

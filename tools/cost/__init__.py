@@ -1,0 +1,48 @@
+"""H200 cost model of a launch list: per launch, the largest of its tensor, SM-pipe, L2,
+HBM, mapped-host-memory and serial-chain times, plus a launch cost, in three scenarios.
+
+  .venv/bin/python -m tools.build_ptx --report [--json] [--measured FILE]
+  .venv/bin/python -m tools.cost [--profile P] [--submission forward|update|final] [--json]
+                                 [--measured FILE]
+
+A launch is costed from what the plan says it does (`launches.submissions(profile)`: grid,
+arguments, constexprs, warps) and what ptxas says it needs (registers; shared memory from the
+manifest), so no GPU is needed.  Each kernel family (REGISTRY, keyed by the Triton function name)
+describes its programs: how many loop trips each makes, what one trip and the prologue/epilogue do
+(MMA FLOPs, bytes loaded and stored, MUFU and ALU operations, dependent waits), the unique HBM
+bytes of the launch, and what it reads or writes in mapped host memory (staging).  From that:
+
+  tensor  = ceil(P / 132) · FLOPs per program / (bf16 rate / 132)  — the busiest SM's MMA work
+            (or the largest program's).  k programs resident per SM share its tensor cores, so
+            this is rounds = ceil(P / (132·k)) rounds of k·FLOPs per SM, except that a last
+            partial round — or a grid under 132·k — is charged only the programs the busiest
+            SM really gets.
+  pipes   = the same for the MUFU and ALU work (exp, division, compares): the SM's other pipes.
+  l2      = every byte every program loads or stores / L2 bandwidth, and at least the busiest
+            SM's bytes over one SM's L2 path.
+  hbm     = unique bytes read + written / HBM bandwidth.
+  pcie    = staging reads (bytes / PCIe bandwidth, or requests · latency / requests in flight,
+            whichever is larger) + staging writes / bandwidth.
+  serial  = programs placed greedily, in blockIdx order, on 132·k slots (k from registers,
+            shared memory, threads, blocks per SM); each lasts prologue/epilogue + trips × one
+            trip, its parts overlapped as the scenario says.  The longest program's chain and
+            wave quantization both show here.
+  launch  = max(the bounds above) + the launch cost inside a graph.
+
+Every input is a named constant in inputs.py with its source (a datasheet, a measurement in
+/work/.library/device/KINDS.md, or a stated assumption); what each kernel does is in the family
+modules kernels_*.py (gathered by kernels.py) on the vocabulary of work.py.  No figure here was
+measured on a GPU: the device check's per-launch table (`--measured`) is what calibrates them.
+
+The modules, each importing only those above it:
+  inputs.py        the chip's figures and the scenarios' assumptions, each with its source
+  work.py          what one program does (Step, Programs, Work), the registry, AdamW's shares
+  kernels*.py      the kernel families' entries, registered in kernels.REGISTRY
+  kernel_stats.py  ptxas -v on the committed PTX; occupancy
+  bounds.py        one launch's bounds in one scenario, on some SMs
+  per_launch.py    each launch alone on the chip (LaunchCost), a submission's list (model)
+  lanes.py         the submission's graph replayed on two lanes
+  table.py         buckets, floors, the JSON and the markdown table
+  measured.py      the device check's per-launch table beside the model
+  report.py        all of it for one submission (report); __main__.py its command line
+"""

@@ -1,0 +1,95 @@
+"""The cost model's inputs (tools/cost/), each with its source: chip limits from the CUDA
+C++ Programming Guide's compute capability 9.0 tables, figures measured on this workplace's H200
+(/work/.library/device/KINDS.md), and stated assumptions — optimistic / central / pessimistic."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SCENARIOS = ("optimistic", "central", "pessimistic")
+
+# Chip limits: CUDA C++ Programming Guide, "Compute capability 9.0" feature/limit table, and the
+# CUDA occupancy calculator's allocation rules for cc 9.0.
+SMS = 132                         # KINDS.md: PyTorch reported 132 multiprocessors (2026-10-28)
+CLOCK_HZ = 1.98e9                 # KINDS.md: nvidia-smi read SM 1980 MHz just after matmuls
+REGS_PER_SM = 65536               # 32-bit registers per SM
+SUBPARTITIONS = 4                 # a quarter of the register file each; a warp lives on one
+REG_ALLOC_UNIT = 256              # registers allocated per warp in units of 256
+THREADS_PER_SM = 2048
+BLOCKS_PER_SM = 32
+SMEM_PER_SM = 228 * 1024          # shared memory per SM (the largest carveout)
+SMEM_PER_BLOCK = 227 * 1024       # per block, with the opt-in attribute
+SMEM_RESERVED = 1024              # per block, reserved by the system (cc ≥ 8.0)
+SMEM_ALLOC_UNIT = 128
+MUFU_PER_CLK = 16                 # exp2/log2/rcp/rsqrt results per clock per SM (guide's table)
+ALU_PER_CLK = 128                 # fp32 add/mul/fma per clock per SM (guide's table)
+LINE = 128                        # bytes per L2 line: one mapped-host-memory read request
+
+
+@dataclass(frozen=True)
+class Range:
+    """An input with an optimistic, central and pessimistic value and where they come from."""
+    optimistic: float
+    central: float
+    pessimistic: float
+    source: str
+
+    def __getitem__(self, scenario: str) -> float:
+        return getattr(self, scenario)
+
+
+BF16_FLOPS = Range(
+    798e12, 640e12, 480e12,
+    "optimistic: KINDS.md, best 8192³ bf16 product on random data here (769–798 TFLOP/s, "
+    "datasheet 989); central 0.8× and pessimistic 0.6× of it: assumption for Triton 3.9 wgmma "
+    "kernels without TMA or warp specialization, at these small K (512–5504)")
+HBM_BW = Range(
+    4.3e12, 3.8e12, 3.2e12,
+    "optimistic: KINDS.md device copy ≈4.3 TB/s read+write (datasheet 4.8); central 0.88×, "
+    "pessimistic 0.75×: assumption for 1–100 MB launches (ramp and tail)")
+L2_BW = Range(
+    10e12, 7.5e12, 5.5e12,
+    "assumption (not measured here; NVIDIA publishes no H100/H200 figure): optimistic is A100's "
+    "whitepaper 5,120 B/clk at 1.98 GHz; pessimistic allows for traffic across the two L2 halves")
+SM_L2_BW = Range(
+    64 * CLOCK_HZ, 48 * CLOCK_HZ, 32 * CLOCK_HZ,
+    "assumption: one SM's L1↔L2 path, 64 B/clk (optimistic), 48, 32 (far L2 half) at 1.98 GHz")
+L2_LATENCY = Range(0.15e-6, 0.25e-6, 0.4e-6,
+                   "assumption: a dependent load that hits L2 (≈300–800 cycles, near/far half)")
+HBM_LATENCY = Range(0.45e-6, 0.6e-6, 0.9e-6,
+                    "assumption: a program's first dependent load that misses L2 (≈0.9–1.8 k cycles)")
+PHASE = Range(0.02e-6, 0.04e-6, 0.08e-6,
+              "assumption: one dependent wait inside a trip — wgmma issue→wait, or a cross-warp "
+              "reduction through shared memory with a barrier (≈40–160 cycles)")
+DEP_OP_CYCLES = Range(4, 8, 12, "assumption: latency of one dependent fp32/fp64 op on the chain")
+LAUNCH = Range(1.5e-6, 2.5e-6, 3.5e-6,
+               "HELPER_GUIDE: per launch inside a CUDA graph (gap, ramp, tail); "
+               "docs/PERFORMANCE.md's kernels section found no published per-node figure")
+LAUNCH_PDL = Range(
+    0.7e-6, 1.2e-6, 2.5e-6,
+    "assumption, for an edge captured programmatically (plan/launch_graph.programmatic): the next "
+    "grid is launched and its blocks dispatched while this one works (CUDA Programming Guide, "
+    "programmatic dependent launch), so the edge keeps this grid's completion and memory flush, "
+    "the wait's release and the next grid's first loads; pessimistic: only the launch processing "
+    "is hidden (blocks that cannot be resident beside this grid dispatch as its blocks retire). "
+    "Calibrated by tools/gpu_check/launches.py, which times the graph with and without them")
+PCIE_BW = Range(50e9, 35e9, 20e9,
+                "assumption: GPU reads of mapped host memory over PCIe Gen5 x16 (64 GB/s raw per "
+                "direction); less with 128-byte requests and an IOMMU (Firecracker VM)")
+PCIE_LATENCY = Range(1.0e-6, 1.5e-6, 3.0e-6,
+                     "assumption: one GPU read of host memory, request to completion")
+PCIE_IN_FLIGHT = Range(768, 512, 256,
+                       "assumption: host-memory read requests the GPU keeps in flight (PCIe 10-bit "
+                       "tags allow 768; 50 GB/s at 1.5 µs needs ≈600 of 128 B)")
+STAGING_CACHED = Range(1, 0, 0,
+                       "assumption: optimistic — the GPU caches mapped host memory in L2, so each "
+                       "line crosses PCIe once per launch; central/pessimistic — every read does "
+                       "(CUDA Best Practices: read mapped memory once)")
+EMBED_CHAIN = 9   # longest dE chain: the most frequent id's count in a context.  Measured on this
+#                   machine: staging.synthetic.generate(coppelius), first 200 contexts: median 9,
+#                   range 5–15 (the marker M0 of the Markov blocks, in embed_grad's program 0)
+
+EMBED_DISTINCT = 323  # distinct ids in a context: E's rows embed_grad updates (the rest are
+#                       embed_decay's).  Measured on this machine: staging.synthetic.generate(coppelius),
+#                       first 200 contexts, np.unique: median 323, range 113–560 (2026-12-01)
+
+INPUTS = {name: value for name, value in globals().items() if isinstance(value, Range)}

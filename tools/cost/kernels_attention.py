@@ -1,0 +1,129 @@
+"""Cost-model families of the split attention kernels (plan/kernels/attention.py,
+plan/attention_split.py)."""
+from __future__ import annotations
+
+from plan.attention_split import AttentionSplit
+
+from .work import Programs, Step, View, Work, family
+
+
+# -- attention (plan/attention_split.py): one warpgroup per program, trips over 64-row blocks;
+#    each trip's dots depend on the previous elementwise work (FA2 order), K/V (Q/dO) of the next
+#    trip prefetched.  The chunk programs decode their id in a scalar loop over the blocks before
+#    them (DECODE_OPS dependent integer ops per block skipped, on the chain before the first load)
+
+DECODE_OPS = 5          # per block skipped: subtract, decrement, multiply-add, shift, compare
+
+
+def _attn_dims(v: View):
+    T = v.scalar("T")
+    H, d = v.c["HEADS"], v.c["HEAD_DIM"]
+    G = v.c.get("KV_HEADS", H)
+    return T, H, G, d, v.c["BLOCK_M"], v.c["BLOCK_N"], (H + 2 * G) * d
+
+
+def _split(v: View) -> AttentionSplit:
+    T, H, G, d, BM, BN, W = _attn_dims(v)
+    return AttentionSplit(T, BM, BN, H, G, v.c.get("FWD_CHUNK", 1), v.c.get("BWD_CHUNK", 1))
+
+
+def _programs(v: View, which, what: str):
+    """(split, its programs `which` lists — an AttentionSplit method), checked against the grid."""
+    sp = _split(v)
+    progs = which(sp)
+    _check_programs(v, len(progs), what)
+    return sp, progs
+
+
+def _check_programs(v: View, n: int, what: str):
+    if v.programs != n:
+        raise ValueError(f"{v.launch.label}: grid {v.launch.grid}, the split has {n} {what}")
+
+
+def _by_fixed(progs, trips_of, fixed_of, step) -> tuple[Programs, ...]:
+    """Consecutive programs sharing a prologue/epilogue (here: the same decode length) grouped."""
+    out, run, key = [], [], None
+    for prog in progs:
+        k = fixed_of(prog)
+        if run and k != key:
+            out.append(Programs(tuple(run), step, key))
+            run = []
+        run.append(trips_of(prog))
+        key = k
+    out.append(Programs(tuple(run), step, key))
+    return tuple(out)
+
+
+@family("attention_fwd")
+def _attention_fwd(v: View) -> Work:
+    T, H, G, d, BM, BN, W = _attn_dims(v)
+    sp, progs = _programs(v, AttentionSplit.fwd_programs, "forward chunk programs")
+    e = BM * BN
+    step = Step(mma_flops=2 * (2 * BM * BN * d), load_bytes=2 * BN * d * 2,      # K, V tiles
+                mufu_ops=e + BM, alu_ops=8 * e, phases=4)       # s, row max, row sum, p·v
+    part = BM * d * 4 + 2 * BM * 4                                # acc, m, l of one chunk, fp32
+
+    def fixed(prog):                                             # q in; the partial out
+        m = prog[0]
+        return Step(load_bytes=BM * d * 2, store_bytes=part, hbm_trips=1,
+                    serial_ops=DECODE_OPS * (sp.q_blocks - 1 - m))
+    return Work(_by_fixed(progs, lambda pr: sp.fwd_chunk_trips(pr[0], pr[1]), fixed, step),
+                hbm_bytes=T * W * 2 + len(progs) * part)
+
+
+@family("attention_fwd_merge")
+def _attention_fwd_merge(v: View) -> Work:
+    T, H, G, d, BM, BN, W = _attn_dims(v)
+    sp, progs = _programs(v, AttentionSplit.fwd_merge_programs, "(query block, head) merges")
+    part = BM * d * 4 + 2 * BM * 4
+    # per chunk: acc_c, l_c and m_c (twice: the max pass) in, one exp, a multiply-add per element;
+    # one stage: each trip waits for its loads
+    step = Step(load_bytes=part + BM * 4, mufu_ops=BM, alu_ops=2 * BM * d + 4 * BM, l2_trips=1)
+    fixed = Step(store_bytes=BM * d * (2 + 4) + BM * 4, mufu_ops=BM * d + BM,   # o16, o32, lse
+                 alu_ops=12 * BM * d, hbm_trips=1)
+    partials = sum(sp.fwd_chunks(m) for m, _ in progs)
+    return Work((Programs(tuple(sp.fwd_chunks(m) for m, _ in progs), step, fixed),),
+                hbm_bytes=partials * part + T * H * d * (2 + 4) + H * T * 4)
+
+
+@family("attention_bwd")
+def _attention_bwd(v: View) -> Work:
+    T, H, G, d, BM, BN, W = _attn_dims(v)
+    sp, progs = _programs(v, AttentionSplit.dkdv_programs, "dK/dV chunk programs")
+    e = BM * BN
+    # a (query head, query block) trip: kqᵀ, pᵀdO, v dOᵀ, dsᵀq; qᵀ, dO (fp32), lse, delta in;
+    # the bf(ds)ᵀ tile out
+    step = Step(mma_flops=4 * (2 * BN * BM * d), load_bytes=d * BM * 2 + BM * d * 4 + 2 * BM * 4,
+                store_bytes=e * 2, mufu_ops=e, alu_ops=10 * e + BM * d, phases=5)
+    part = 2 * BN * d * 4                                         # dk', dv partial, fp32
+
+    def fixed(prog):                                             # k, v in; the partial out
+        n = prog[0]
+        return Step(load_bytes=2 * BN * d * 2, store_bytes=part, hbm_trips=1,
+                    serial_ops=DECODE_OPS * n)
+    ds_tiles = H * sum(sp.q_blocks - sp.first_q(n) for n in range(sp.kv_blocks))
+    return Work(_by_fixed(progs, lambda pr: len(sp.dkdv_chunk_pairs(pr[0], pr[1])), fixed, step),
+                hbm_bytes=T * W * 2 + T * H * d * 4 + 2 * H * T * 4 + ds_tiles * e * 2
+                + len(progs) * part)
+
+
+@family("attention_bwd_dq")
+def _attention_bwd_dq(v: View) -> Work:
+    T, H, G, d, BM, BN, W = _attn_dims(v)
+    sp, progs = _programs(v, AttentionSplit.dq_programs, "dQ + merge programs")
+    rope = BM * d * 4                                             # [cos|sin] rows, fp32
+    # dQ (query block m, head): kv blocks 0 .. m, one product per trip from the stored bf(ds)ᵀ
+    dq_trips = tuple(sp.fwd_kv_blocks(m) for kind, m, _ in progs if kind == "dq")
+    dq_step = Step(mma_flops=2 * BM * BN * d, load_bytes=BN * BM * 2 + BN * d * 2, phases=1)
+    dq_fixed = Step(load_bytes=rope, store_bytes=BM * d * 2, alu_ops=6 * BM * d, hbm_trips=1)
+    # merge (kv block n, kv head): its chunks' partials in slot order; loads that feed no dot
+    # are not software-pipelined: each trip waits for its partial from L2
+    part = 2 * BN * d * 4
+    mg_trips = tuple(sp.dkdv_chunks(n) for kind, n, _ in progs if kind == "merge")
+    mg_step = Step(load_bytes=part, alu_ops=2 * BN * d, l2_trips=1)
+    mg_fixed = Step(load_bytes=BN * d * 4, store_bytes=2 * BN * d * 2, alu_ops=8 * BN * d,
+                    hbm_trips=1)
+    ds_tiles = H * sum(sp.q_blocks - sp.first_q(n) for n in range(sp.kv_blocks))
+    return Work((Programs(dq_trips, dq_step, dq_fixed), Programs(mg_trips, mg_step, mg_fixed)),
+                hbm_bytes=ds_tiles * BM * BN * 2 + T * G * d * 2 + sum(mg_trips) * part
+                + T * d * 4 + T * W * 2)

@@ -1,0 +1,112 @@
+"""Each launch alone on the whole chip: its figures, every bound in every scenario, the one that
+binds, and its time with the launch cost (`model` over a submission's launch list)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from host.errors import UserError
+from plan import launches  # plain data: no Triton here
+from plan.buffers import buffers
+from plan.launch_graph import programmatic
+
+from .bounds import PerProgram, bounds
+from .inputs import LAUNCH, SCENARIOS, SMS
+from .kernel_stats import KernelStats, occupancy
+from .kernels import REGISTRY
+from .work import View, Work, cdiv
+
+
+@dataclass
+class LaunchCost:
+    label: str
+    kernel: str
+    function: str
+    bucket: str
+    grid: tuple[int, int, int]
+    programs: int
+    threads: int
+    regs: int
+    smem: int
+    spill: int
+    per_sm: int
+    occupancy_limit: str
+    rounds: int
+    programs_per_sm: int
+    flops: float
+    l2_bytes: float
+    hbm_bytes: float
+    staging_read_bytes: float
+    staging_requests: int
+    staging_write_bytes: float
+    serial_iterations: int
+    programmatic: bool = False     # its edge to its lane's previous launch is (lanes.py)
+    bounds_us: dict = field(default_factory=dict)      # term → {scenario: µs}
+    binding: dict = field(default_factory=dict)        # scenario → term
+    us: dict = field(default_factory=dict)             # scenario → µs (with the launch cost)
+
+
+def bucket(launch) -> str:
+    """The report's grouping: the kernel family, matmuls by stage (today's table)."""
+    if launch.function != "matmul":
+        return launch.function
+    label = launch.label
+    return "matmul " + (label.split(".", 2)[-1] if label.startswith("layers") else label)
+
+
+def work_of(launch, bufs) -> Work:
+    """The registry entry's description of a launch, checked against the launch itself."""
+    fam = REGISTRY.get(launch.function)
+    if fam is None:
+        raise KeyError(f"{launch.label}: no cost-model entry for kernel function {launch.function!r} "
+                       f"(add one to its family module, tools/cost/kernels_*.py; known: {sorted(REGISTRY)})")
+    v = View(launch, bufs)
+    work = fam(v)
+    described = sum(len(g.trips) for g in work.programs)
+    if described != v.programs:
+        raise ValueError(f"{launch.label}: the model describes {described} programs, the grid "
+                         f"{launch.grid} has {v.programs}")
+    accounted = {s.arg for s in work.staging}
+    if accounted != v.staging_args():
+        raise ValueError(f"{launch.label}: staging arguments {sorted(v.staging_args())}, the "
+                         f"{launch.function} entry accounts for {sorted(accounted)}")
+    return work
+
+
+def cost(launch, bufs, stats: dict[str, KernelStats]) -> LaunchCost:
+    """One launch: its figures, every bound in every scenario, the binding term, the totals."""
+    if launch.kernel not in stats:
+        raise KeyError(f"{launch.label}: no ptxas figures for {launch.kernel} (rebuild the PTX)")
+    work = work_of(launch, bufs)
+    st = stats[launch.kernel]
+    per_sm, limiter = occupancy(st)
+    per = PerProgram.of(work)
+    P = len(per.flops)
+    c = LaunchCost(launch.label, launch.kernel, launch.function, bucket(launch), tuple(launch.grid),
+                   P, st.threads, st.regs, st.shared, st.spill, per_sm, limiter,
+                   rounds=cdiv(P, SMS * per_sm), programs_per_sm=cdiv(P, SMS), flops=sum(per.flops),
+                   l2_bytes=sum(per.moved) + work.extra_l2_bytes, hbm_bytes=work.hbm_bytes,
+                   staging_read_bytes=sum(x.read_bytes for x in work.staging),
+                   staging_requests=sum(x.read_requests for x in work.staging),
+                   staging_write_bytes=sum(x.write_bytes for x in work.staging),
+                   serial_iterations=max(max(g.trips) for g in work.programs))
+    for s in SCENARIOS:
+        terms = bounds(work, per, per_sm, s)
+        bind = max(terms, key=terms.get)
+        for k, x in terms.items():
+            c.bounds_us.setdefault(k, {})[s] = x * 1e6
+        c.binding[s] = bind
+        c.us[s] = (terms[bind] + LAUNCH[s]) * 1e6
+    return c
+
+
+def model(profile, submission: str, stats: dict[str, KernelStats]) -> list[LaunchCost]:
+    subs = {s.name: s for s in launches.submissions(profile)}
+    if submission not in subs:
+        raise UserError(f"unknown submission {submission!r}", f"one of {', '.join(subs)}")
+    bufs = buffers(profile)
+    sub = subs[submission]
+    costs = [cost(launch, bufs, stats) for launch in sub.launches]
+    # an edge is programmatic where the plan allows it and the kernel was built to wait first
+    for c, launch, allowed in zip(costs, sub.launches, programmatic(sub.launches)):
+        c.programmatic = allowed and stats[launch.kernel].pdl
+    return costs

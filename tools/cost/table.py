@@ -1,0 +1,132 @@
+"""The cost model's output: buckets of launches, where the time goes, the floors no schedule
+beats, the JSON document and the markdown table."""
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from .inputs import BF16_FLOPS, HBM_BW, INPUTS, L2_BW, LAUNCH, LAUNCH_PDL, SCENARIOS
+from .per_launch import LaunchCost
+
+
+def totals(costs) -> dict[str, float]:
+    return {s: sum(c.us[s] for c in costs) for s in SCENARIOS}
+
+
+def buckets(costs) -> list[dict]:
+    groups: dict[str, list[LaunchCost]] = {}
+    for c in costs:
+        groups.setdefault(c.bucket, []).append(c)
+    rows = []
+    for name, cs in groups.items():
+        binds = {}
+        for c in cs:
+            binds[c.binding["central"]] = binds.get(c.binding["central"], 0) + 1
+        rows.append({"bucket": name, "n": len(cs), "kernel": cs[0].kernel, "regs": cs[0].regs,
+                     "smem": cs[0].smem, "per_sm": cs[0].per_sm, "rounds": cs[0].rounds,
+                     "flops": sum(c.flops for c in cs), "l2_bytes": sum(c.l2_bytes for c in cs),
+                     "hbm_bytes": sum(c.hbm_bytes for c in cs),
+                     "staging_bytes": sum(c.staging_read_bytes + c.staging_write_bytes for c in cs),
+                     "binding": max(binds, key=binds.get), "us": totals(cs)})
+    return sorted(rows, key=lambda r: -r["us"]["central"])
+
+
+def where_time_goes(costs, s: str = "central") -> dict[str, float]:
+    """µs of the summed estimate by binding term, the launch costs apart."""
+    out = {"launch": 0.0}
+    for c in costs:
+        out[c.binding[s]] = out.get(c.binding[s], 0.0) + c.bounds_us[c.binding[s]][s]
+        out["launch"] += LAUNCH[s] * 1e6
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def floors(costs, lanes_of) -> dict[str, dict[str, float]]:
+    """Per scenario, µs: what no schedule of these launches beats — every FLOP at the chip's bf16
+    rate, every L2 byte at L2_BW, every HBM byte at HBM_BW (perfect overlap, no tail), and the
+    launch costs of the longest lane (its launches run one after another; LAUNCH_PDL for an
+    edge that is programmatic, LAUNCH for the others).  The graph's time is at
+    least the largest (the lane model shares L2 and HBM bandwidth and never lends SMs): a plan
+    whose largest floor exceeds a goal cannot meet it by scheduling, only by moving fewer bytes."""
+    def launch_costs(lane, s):
+        return sum(LAUNCH_PDL[s] if c.programmatic else LAUNCH[s] for c in costs
+                   if lanes_of[c.label] == lane)
+    flops = sum(c.flops for c in costs)
+    l2 = sum(c.l2_bytes for c in costs)
+    hbm = sum(c.hbm_bytes for c in costs)
+    return {s: {"tensor": flops / BF16_FLOPS[s] * 1e6, "l2": l2 / L2_BW[s] * 1e6,
+                "hbm": hbm / HBM_BW[s] * 1e6,
+                "launches": max(launch_costs(lane, s) for lane in set(lanes_of.values())) * 1e6}
+            for s in SCENARIOS}
+
+
+def to_json(costs, profile_name: str, target: str, submission: str, lane: dict,
+            floor: dict) -> dict:
+    """`<submission>_us`: the graph's time on two lanes; `serial_sum_us`: every launch alone, one
+    after another (what the buckets and where_us add up to); `floors_us`: what no schedule of
+    these launches beats (`floors`)."""
+    return {"profile": profile_name, "target": target, "submission": submission,
+            "launches": len(costs),
+            f"{submission}_us": {s: lane[s]["graph_us"] for s in SCENARIOS},
+            "serial_sum_us": totals(costs), "lanes": lane, "floors_us": floor,
+            "where_us": {s: where_time_goes(costs, s) for s in SCENARIOS},
+            "buckets": buckets(costs), "per_launch": [asdict(c) for c in costs],
+            "inputs": {k: asdict(r) for k, r in INPUTS.items()}}
+
+
+def fmt_us(x: float) -> str:
+    return f"{x:.0f}" if x >= 10 else f"{x:.1f}"
+
+
+def table(costs, profile_name: str, target: str, submission: str, lane: dict,
+          floor: dict) -> str:
+    tot = totals(costs)
+    out = [f"H200 cost model: {submission} submission, {profile_name}, {target} — "
+           f"{len(costs)} launches (a prediction: nothing here was measured on a GPU)", "",
+           "| bucket | n | regs | smem KB | per SM | rounds | GFLOP | L2 MB | HBM MB | PCIe MB | "
+           "binds | optimistic µs | central µs | pessimistic µs |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in buckets(costs):
+        out.append(f"| {r['bucket']} | {r['n']} | {r['regs']} | {r['smem'] / 1024:.0f} | {r['per_sm']} | "
+                   f"{r['rounds']} | {r['flops'] / 1e9:.1f} | {r['l2_bytes'] / 1e6:.0f} | "
+                   f"{r['hbm_bytes'] / 1e6:.0f} | {r['staging_bytes'] / 1e6:.2f} | {r['binding']} | "
+                   + " | ".join(fmt_us(r["us"][s]) for s in SCENARIOS) + " |")
+    out.append(f"| **total** | {len(costs)} | | | | | {sum(c.flops for c in costs) / 1e9:.1f} | "
+               f"{sum(c.l2_bytes for c in costs) / 1e6:.0f} | {sum(c.hbm_bytes for c in costs) / 1e6:.0f} | "
+               f"{sum(c.staging_read_bytes + c.staging_write_bytes for c in costs) / 1e6:.2f} | | "
+               + " | ".join(f"**{tot[s]:.0f}**" for s in SCENARIOS) + " |")
+    out.append("| **graph, two lanes** (tools/cost/lanes.py) | | | | | | | | | | | "
+               + " | ".join(f"**{lane[s]['graph_us']:.0f}**" for s in SCENARIOS) + " |")
+    c = lane["central"]
+    out += ["", "Two lanes (central): the main lane's launches alone "
+            f"{c['main_lane_alone_us']:.0f} µs, the side lane's (weight gradients + AdamW) "
+            f"alone {c['side_lane_alone_us']:.0f} µs; "
+            f"replayed together the main lane is busy {c['main_lane_busy_us']:.0f} µs, the side "
+            f"lane {c['side_lane_busy_us']:.0f} µs, both working {c['both_working_us']:.0f} µs; "
+            f"the graph ends at {c['graph_us']:.0f} µs (the total row above is every launch "
+            "alone, one after another)."]
+    out += ["", f"Programmatic edges (plan/launch_graph.programmatic, on kernels built to wait): "
+            f"{c['programmatic_edges']} of {len(costs)} launches follow their lane's previous "
+            f"launch programmatically and pay LAUNCH_PDL ({LAUNCH_PDL['central'] * 1e6:.1f} µs "
+            f"central) instead of LAUNCH ({LAUNCH['central'] * 1e6:.1f}) when that launch is the "
+            "last of their predecessors to finish; with every edge full the graph would end at "
+            + " / ".join(f"{lane[s]['full_edges_graph_us']:.0f}" for s in SCENARIOS)
+            + " µs (optimistic / central / pessimistic)."]
+    f = floor["central"]
+    top = max(f, key=f.get)
+    out += ["", "Floors (central; no schedule of these launches beats them): "
+            f"L2 {f['l2']:.0f} µs ({sum(x.l2_bytes for x in costs) / 1e6:,.0f} MB at "
+            f"{L2_BW['central'] / 1e12:.1f} TB/s), HBM {f['hbm']:.0f} µs "
+            f"({sum(x.hbm_bytes for x in costs) / 1e6:,.0f} MB at {HBM_BW['central'] / 1e12:.1f} TB/s), "
+            f"tensor {f['tensor']:.0f} µs ({sum(x.flops for x in costs) / 1e9:.1f} GFLOP at "
+            f"{BF16_FLOPS['central'] / 1e12:.0f} TFLOP/s), the longest lane's launch costs "
+            f"{f['launches']:.0f} µs; the graph is {c['graph_us'] / f[top]:.2f}× its largest "
+            f"({top})."]
+    w = where_time_goes(costs)
+    out += ["", "Where the central estimate goes (µs, by each launch's binding term): "
+            + ", ".join(f"{k} {v:.0f}" for k, v in w.items()) + "."]
+    staged = [c for c in costs if c.staging_read_bytes]
+    if staged:
+        out.append("Mapped host memory read by: " + "; ".join(
+            f"{c.label} {c.staging_read_bytes:,.0f} B in {c.staging_requests:,} requests "
+            f"({c.bounds_us['pcie']['central']:.1f} µs central, "
+            f"{c.bounds_us['pcie']['pessimistic']:.1f} pessimistic)" for c in staged) + ".")
+    return "\n".join(out)
