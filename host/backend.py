@@ -20,6 +20,7 @@ import numpy as np
 
 from plan import launches
 from plan.buffers import buffers as plan_buffers
+from plan.launch_regions import STAGING
 from staging import layout as SL
 
 from .errors import UserError
@@ -146,6 +147,69 @@ class Backend:
         self._download_snapshot_chunk(offset, nbytes)
 
     def _download_snapshot_chunk(self, offset: int, nbytes: int) -> None:
+        raise NotImplementedError
+
+    # ---- per-launch digests: host/digest_replay.py walks the launches and summarizes the
+    # regions; a backend runs one launch alone and moves bytes (`_read_buffer`, ...)
+    def plan_submission(self, index: int):
+        """The plan's launch list of submission `index`, as this backend instantiates it."""
+        return self._submissions[index]
+
+    def plan_buffers(self) -> dict:
+        return plan_buffers(self.profile)
+
+    def read_region(self, region) -> np.ndarray:
+        """A plan/launch_regions.Region's runs, concatenated in order, as bytes."""
+        start, nbytes = region.byte_span()
+        raw = self.read_bytes(region.space, start, nbytes)
+        if region.repeat == 1:
+            return raw
+        size = region.itemsize
+        return np.concatenate([raw[k * region.stride * size:(k * region.stride + region.run) * size]
+                               for k in range(region.repeat)])
+
+    def read_bytes(self, space: str, offset: int, nbytes: int) -> np.ndarray:
+        """Bytes [offset, offset + nbytes) of a device buffer, or of staging (space "staging")."""
+        if space == STAGING:
+            return self.staging.raw[offset:offset + nbytes].copy()
+        self._check_span(space, offset, nbytes)
+        return self._read_buffer(space, offset, nbytes)
+
+    def write_bytes(self, space: str, offset: int, data: np.ndarray) -> None:
+        """`data` (uint8) into a device buffer or staging from byte `offset` (tests and tools)."""
+        if space == STAGING:
+            self.staging.raw[offset:offset + data.size] = data
+            return
+        self._check_span(space, offset, data.size)
+        self._write_buffer(space, offset, np.ascontiguousarray(data, np.uint8))
+
+    def _check_span(self, space: str, offset: int, nbytes: int) -> None:
+        spec = plan_buffers(self.profile).get(space)
+        if spec is None or offset < 0 or offset + nbytes > spec.nbytes:
+            raise ValueError(f"bytes [{offset}, {offset + nbytes}) outside device buffer {space!r}")
+
+    def run_launch(self, submission: int, index: int) -> None:
+        """Launch `index` of an instantiated submission by itself, complete on return."""
+        raise NotImplementedError
+
+    def code_sha256(self, launch) -> str:
+        """The digest of the code that runs `launch` on this backend."""
+        raise NotImplementedError
+
+    def save_buffers(self):
+        """A copy of every device buffer, complete on return (restore_buffers, free_saved)."""
+        raise NotImplementedError
+
+    def restore_buffers(self, saved) -> None:
+        raise NotImplementedError
+
+    def free_saved(self, saved) -> None:
+        raise NotImplementedError
+
+    def _read_buffer(self, name: str, offset: int, nbytes: int) -> np.ndarray:
+        raise NotImplementedError
+
+    def _write_buffer(self, name: str, offset: int, data: np.ndarray) -> None:
         raise NotImplementedError
 
     # ---- submissions ----

@@ -8,7 +8,8 @@ is allocated.  Staging is the 8 MiB pinned region mapped into the device; every 
 plan/buffers.py is one cuMemAlloc.  This module holds the backend's primitives (memory, staging,
 the payload's transfers, launch arguments); each submission's CUDA graph is host/cuda_capture.py's,
 closing is host/cuda_teardown.py's (a bounded wait for issued work; what the GPU may still touch
-after that is never freed), the device check's timings are host/cuda_timing.py's.
+after that is never freed), the device check's timings are host/cuda_timing.py's, one launch alone
+and device bytes for the per-launch digests host/cuda_digests.py's.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from .backend import Backend, BackendUnavailable, DeviceInfo
 # the capture's and the timing's names, importable from here as they always were
 from .cuda_capture import (NOOP_ENTRY, NOOP_GRID, NOOP_PTX,  # noqa: F401
                            CudaCapture, ProgrammaticLaunchRefused)
+from .cuda_digests import CudaDigests
 from .cuda_timing import TIMING_LEAD_MAX, TIMING_LEAD_MIN, SubmissionTiming  # noqa: F401
 from .driver import ReleaseWarning
 from .driver_device import Device, DeviceBuffer, MappedRegion, memcpy_dtod, memcpy_dtoh, \
@@ -33,7 +35,7 @@ from .driver_stream import Stream
 
 DRAIN_TIMEOUT_S = 10.0      # close waits this long for issued work before leaving memory to exit
 REFUSALS_SHOWN = 4          # kernels named in a refusal; the rest are counted
-SHARED_HINT = ("the sm_80 kernels need up to 98,304 B of shared memory per block: an A100 (cc 8.0), "
+SHARED_HINT = ("the sm_80 kernels need up to 65,536 B of shared memory per block: an A100 (cc 8.0), "
                "an H100/H200 (cc 9.0) and the cc 8.6/8.9/12.0 GPUs (about 99 KiB) allow that "
                "(README: which GPUs run)")
 THREADS_HINT = ("the JIT gave it more registers than that many threads can hold; "
@@ -79,7 +81,7 @@ def choose_target(compute_capability: int) -> str:
                              "Coppelius needs an Ampere (sm_80) or newer GPU")
 
 
-class CudaBackend(CudaCapture, Backend):
+class CudaBackend(CudaCapture, CudaDigests, Backend):
     name = "cuda"
     code = R.BACKEND_CUDA
 

@@ -6,7 +6,8 @@ copies).  The hand-written PTX launches (release, release_stage_in) are emulated
 the host clock as device time.
 This module sets TRITON_INTERPRET=1 (read when kernels are decorated, so it must run before any
 plan.kernels module is imported) and repairs, once, two Triton 3.9 interpreter defects that would
-make the interpreter disagree with the GPU:
+make the interpreter disagree with the GPU (and skips its redundant re-patching of triton.language
+at every device-function call, a fifth of an interpret run's time):
   * fp32 → bf16 conversion truncates (even with rounding "rtne"); the GPU rounds to nearest even;
   * tl.dot on bf16 operands multiplies their raw uint16 bits.
 The repairs touch only the interpreter; kernels are never changed for it.
@@ -19,9 +20,13 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
 import importlib
 import os
 import time
+from pathlib import Path
+from dataclasses import dataclass, field
+from typing import Callable
 
 os.environ["TRITON_INTERPRET"] = "1"
 
@@ -32,6 +37,7 @@ from triton.runtime import interpreter as _interp           # noqa: E402
 
 from plan import launches as _launches                      # noqa: E402
 from plan.launch_graph import topological_order             # noqa: E402
+from plan.reference_numerics import bf16_bits, bf16_bits_to_f32   # noqa: E402
 from staging import layout as SL                            # noqa: E402
 from staging import records as _records                     # noqa: E402
 from staging.views import StagingViews, allocate_host       # noqa: E402
@@ -42,20 +48,6 @@ TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "i32": torch.int3
                 "u32": torch.int32}   # u32 staging words are viewed as int32 (ids, doorbell < 2³¹)
 
 
-def _f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
-    """fp32 → bf16 bit patterns, round to nearest even; NaN stays a quiet NaN."""
-    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-    r = ((u + (np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1)))) >> np.uint32(16))
-    nan = np.isnan(x)
-    if nan.any():
-        r = np.where(nan, (u >> np.uint32(16)) | np.uint32(0x0040), r)
-    return r.astype(np.uint16)
-
-
-def _bf16_bits_to_f32(x: np.ndarray) -> np.ndarray:
-    return (np.asarray(x).astype(np.uint32) << np.uint32(16)).view(np.float32)
-
-
 def _patch_interpreter() -> None:
     if getattr(_interp, "_coppelius_patched", False):
         return
@@ -63,9 +55,9 @@ def _patch_interpreter() -> None:
 
     def convert_float(data, src, dst, rounding_mode):
         if src == tl.float32 and dst == tl.bfloat16 and rounding_mode != _interp._ir.ROUNDING_MODE.RTZ:
-            return _f32_to_bf16_bits(data)
+            return bf16_bits(data)          # the reference's rounding, one definition
         if src == tl.bfloat16 and dst == tl.float32:
-            return _bf16_bits_to_f32(data)
+            return bf16_bits_to_f32(data)
         return convert(data, src, dst, rounding_mode)
 
     _interp._convert_float = convert_float
@@ -76,13 +68,50 @@ def _patch_interpreter() -> None:
         # np.matmul with a dtype= argument skips BLAS (22 ms for a 256×32×256 tile): call it plain.
         if a.dtype.scalar == tl.bfloat16 and b.dtype.scalar == tl.bfloat16 \
                 and d.data.dtype == np.float32:
-            acc = np.matmul(_bf16_bits_to_f32(a.data), _bf16_bits_to_f32(b.data))
+            acc = np.matmul(bf16_bits_to_f32(a.data), bf16_bits_to_f32(b.data))
             acc += d.data
             return _interp.TensorHandle(acc, d.dtype.scalar)
         return create_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
 
     _interp.InterpreterBuilder.create_dot = dot
+    _skip_nested_language_patches()
     _interp._coppelius_patched = True
+
+
+def _skip_nested_language_patches() -> None:
+    """Triton 3.9's interpreter patches triton.language again at every device-function call
+    (`inspect.getmembers` over tl, tl.tensor, tl.math) into a scope it never restores: 15,086
+    patches in a one-step tiny run, 16 s of its 70 s (cProfile).  Inside a launch the launch's
+    own patch already holds for its modules, and a nested one would set the same fn-independent
+    wrappers, so a device function whose language modules the running launch has patched (tl;
+    tl.core once triton.language's own helpers, cdiv, zeros, sum, have been called) skips it; any
+    other call takes Triton's path.  The bits cannot change: the same
+    wrappers run either way (the interpret golden is compared bit for bit)."""
+    patch_lang, run_grid = _interp._patch_lang, _interp.GridExecutor.__call__
+    launches: list[dict] = []               # the running launch: its modules, whether patched
+
+    def languages(fn) -> set:
+        return {id(v) for v in fn.__globals__.values() if v is tl or v is tl.core}
+
+    def maybe_patch_lang(fn):
+        launch = launches[-1] if launches else None
+        if launch is not None and launch["patched"] and languages(fn) <= launch["languages"]:
+            return _interp._LangPatchScope()        # nothing to restore
+        scope = patch_lang(fn)
+        if launch is not None:                      # the launch's own patch comes first; then
+            launch["patched"] = True                # tl.core, for triton.language's helpers
+            launch["languages"] |= languages(fn)
+        return scope
+
+    def grid_call(self, *args, **kwargs):
+        launches.append({"languages": languages(self.fn), "patched": False})
+        try:
+            return run_grid(self, *args, **kwargs)
+        finally:
+            launches.pop()
+
+    _interp._patch_lang = maybe_patch_lang
+    _interp.GridExecutor.__call__ = grid_call
 
 
 _patch_interpreter()
@@ -128,6 +157,26 @@ def single_thread_blas():
 def kernel_function(launch):
     """The interpreted Triton function a launch names."""
     return getattr(importlib.import_module(launch.module), launch.function)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One launch of an instantiated submission, its arguments resolved: a Triton kernel run by
+    the interpreter on its grid, or (`emulate` set) a hand-written PTX launch run in Python."""
+    args: list
+    kernel: object = None                        # the interpreted Triton function
+    grid: tuple[int, int, int] = (1, 1, 1)
+    constexprs: dict = field(default_factory=dict)
+    emulate: Callable | None = None              # the backend method that stands for the PTX
+
+    def run(self) -> None:
+        if self.emulate is not None:
+            self.emulate(*self.args)
+            return
+        try:
+            self.kernel[self.grid](*self.args, **self.constexprs)
+        except Exception as exc:                 # a kernel fault
+            raise DeviceError(f"interpreter: {self.kernel.__name__}: {exc}") from exc
 
 
 class InterpretBackend(Backend):
@@ -183,16 +232,16 @@ class InterpretBackend(Backend):
     def instantiate(self, t_base: int) -> None:
         plans = []
         for sub in self._submissions:
-            steps = []
-            for i in topological_order(sub.launches, sub.deps, self.prefer):
-                launch = sub.launches[i]
-                args = [self.resolve(a, t_base) for _, a in launch.args]
-                if launch.function in _launches.HAND_WRITTEN:
-                    steps.append((None, launch.function, args, {}))
-                else:
-                    steps.append((kernel_function(launch), launch.grid, args, dict(launch.constexprs)))
-            plans.append(steps)
+            plans.append([self._step(sub.launches[i], t_base)
+                          for i in topological_order(sub.launches, sub.deps, self.prefer)])
         self._plans = plans
+        self._t_base = t_base                   # run_launch makes a launch's step anew
+
+    def _step(self, launch, t_base: int) -> Step:
+        args = [self.resolve(a, t_base) for _, a in launch.args]
+        if launch.function in _launches.HAND_WRITTEN:
+            return Step(args, emulate=getattr(self, "_" + launch.function))
+        return Step(args, kernel_function(launch), launch.grid, dict(launch.constexprs))
 
     def _release(self, doorbell: torch.Tensor, slot: torch.Tensor) -> None:
         words = slot[:4]                                             # int32 view of the record
@@ -212,17 +261,45 @@ class InterpretBackend(Backend):
         if self._plans is None:
             raise DeviceError("issue before instantiate")
         with single_thread_blas():
-            for fn, grid, args, constexprs in self._plans[submission]:
-                if fn is None:                                       # hand-written PTX, emulated
-                    getattr(self, "_" + grid)(*args)
-                    continue
-                try:
-                    fn[grid](*args, **constexprs)
-                except Exception as exc:                             # a kernel fault
-                    raise DeviceError(f"interpreter: {fn.__name__}: {exc}") from exc
+            for step in self._plans[submission]:
+                step.run()
 
     def check(self) -> None:
         pass
 
     def synchronize(self) -> None:
         pass
+
+    # ---- per-launch digests (host/digest_replay.py): one launch alone, bytes in and out
+    def run_launch(self, submission: int, index: int) -> None:
+        if self._plans is None:
+            raise DeviceError("run_launch before instantiate")
+        with single_thread_blas():
+            self._step(self._submissions[submission].launches[index], self._t_base).run()
+
+    def code_sha256(self, launch) -> str:
+        """The Triton source the interpreter runs (the hand-written PTX it emulates)."""
+        if launch.function in _launches.HAND_WRITTEN:
+            path = Path(_launches.__file__).resolve().parent / "kernels" / f"{launch.function}.ptx"
+        else:
+            path = Path(importlib.import_module(launch.module).__file__)
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+
+    def _bytes(self, name: str) -> torch.Tensor:
+        return self.buffers[name].view(-1).view(torch.uint8)
+
+    def _read_buffer(self, name: str, offset: int, nbytes: int) -> np.ndarray:
+        return self._bytes(name)[offset:offset + nbytes].numpy().copy()
+
+    def _write_buffer(self, name: str, offset: int, data: np.ndarray) -> None:
+        self._bytes(name)[offset:offset + data.size] = torch.from_numpy(data)
+
+    def save_buffers(self) -> dict:
+        return {name: t.clone() for name, t in self.buffers.items()}
+
+    def restore_buffers(self, saved: dict) -> None:
+        for name, t in saved.items():
+            self.buffers[name].copy_(t)
+
+    def free_saved(self, saved: dict) -> None:
+        saved.clear()

@@ -157,6 +157,7 @@ def _backend_checks(backend, report: Report, open_s: float) -> list[dict]:
          f"largest need {max(k.shared_per_block for k in backend.kernels.values()):,} B")
     _smoke_launch(backend, report)
     _graph_check(backend, report)
+    _priority_check(backend, report)
     return modules
 
 
@@ -177,6 +178,32 @@ def _graph_check(backend, report: Report) -> None:
         report.line("graphs", f"{len(backend.programmatic_edges)} captured, {edges} launches "
                     "programmatic after their lane's previous one"
                     + ("" if edges else " (none: this target's PTX does not wait for them)"))
+
+
+def _priority_check(backend, report: Report) -> None:
+    """The device's stream priority range, the priority each lane's capture stream got (the plan's
+    priority lane first: plan/launch_graph.PRIORITY_LANE), and the update graph's kernel nodes by
+    priority as the driver reports them: each at its lane's, or the plan's priority is not in
+    effect (a device without priorities: every lane at the default, a note)."""
+    from collections import Counter
+
+    from plan import launch_graph, launches
+    from staging import layout as L
+    r = backend.priority_report(L.SUBMISSION_UPDATE)
+    names = {launches.MAIN_LANE: "main", launches.SIDE_LANE: "side"}
+
+    def counts(xs) -> str:
+        return ", ".join(f"{n} at {p}" for p, n in sorted(Counter(xs).items()))
+    first = launch_graph.PRIORITY_LANE
+    value = (f"range {r['range'][0]} (least) to {r['range'][1]} (greatest); "
+             + ", ".join(f"{names[lane]} lane {p}" for lane, p in r["lanes"].items())
+             + (f" (the plan's first: {names[first]})" if first is not None else "")
+             + (f"; {r['note']}" if r["note"] else "")
+             + f"; update graph's kernel nodes: {counts(r['nodes'])}")
+    good = r["nodes"] == r["planned"]
+    if not good:
+        value += f" against {counts(r['planned'])} planned: the plan's priority is not in effect"
+    report.line("stream priorities", value, good)
 
 
 def run(args) -> int:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from plan.profiles import PREDICTION_ROWS
 from staging.records import INFO_NAMES
 
 from .levels import WINDOW, RunLevels
@@ -138,7 +139,7 @@ def summarize(rf, stream: dict | None = None) -> dict:
     preds = np.asarray(rf.status["predictions"])                 # (3, {token, valid})
     texts = decode_tokens(rf.profile, [int(t) for t in preds[:, 0]])
     status["predictions"] = [{"row": row, "token": int(t), "valid": int(v), "text": txt}
-                             for row, (t, v), txt in zip(_rows(), preds, texts)]
+                             for row, (t, v), txt in zip(PREDICTION_ROWS, preds, texts)]
     notifier = record_dict(rf.error_notifier)
     notifier["info_name"] = info_name(notifier["info32"]) if notifier["status"] else None
     sems = []
@@ -185,11 +186,6 @@ def summarize(rf, stream: dict | None = None) -> dict:
         "final_argmax": int(np.argmax(rf.final)) if rf.final.size else None,
         "warnings": rf.warnings(),
     }
-
-
-def _rows():
-    from plan.profiles import PREDICTION_ROWS
-    return PREDICTION_ROWS
 
 
 def _ms(ns):
@@ -357,8 +353,9 @@ def _render_records(c, info: dict) -> None:
         t.add_row(str(p["row"]), str(p["token"]), str(p["valid"]),
                   "—" if p["text"] is None else repr(p["text"]))
     c.print(t)
-    c.print(f"forward argmax (rows 255/511/1023, before training): {info['forward_argmax']}; "
-            f"final row 1023 argmax {info['final_argmax']}")
+    rows = "/".join(map(str, PREDICTION_ROWS))
+    c.print(f"forward argmax (rows {rows}, before training): {info['forward_argmax']}; "
+            f"final row {PREDICTION_ROWS[-1]} argmax {info['final_argmax']}")
     s = info["stat"]
     c.print(f"checkpoint input stat: dev {s['st_dev']} ino {s['st_ino']} size {s['st_size']:,} "
             f"mode {s['st_mode']:o} nlink {s['st_nlink']}, update count {s['update_count']:,}, "

@@ -8,6 +8,7 @@ import numpy as np
 
 from staging.synthetic import DEFAULT_DIRECTORY
 
+from .errors import UserError
 from .levels import WINDOW
 from .ring import DEFAULT_FENCE_TIMEOUT_S
 
@@ -39,6 +40,13 @@ def register(sub) -> None:
     p.add_argument("--steps", type=int, help="stop after N steps (tests and benchmarks; default: "
                    "the profile's, 10,000 for coppelius)")
     p.add_argument("--quiet", action="store_true", help="no live progress")
+    p.add_argument("--digests", type=Path, metavar="FILE",
+                   help="also write the per-launch digests of one update step to FILE (JSON): "
+                   "each launch run again alone, its reads and writes summarized, for "
+                   "`coppelius bisect` (the run's results are unchanged)")
+    p.add_argument("--digest-step", type=int, metavar="N",
+                   help="the step whose update --digests describes (0-based, within this run; "
+                   "default 0)")
     p.set_defaults(func=run, handles_signals=True)    # host.run._Signals from the start
 
 
@@ -164,7 +172,11 @@ def run(args) -> int:
     req = Request(profile=profile, tokens=args.tokens, checkpoint=args.checkpoint,
                   result=args.result, backend=args.backend, source=args.source,
                   overwrite=args.overwrite, fence_timeout_s=args.fence_timeout,
-                  directory=args.directory, steps=args.steps)
+                  directory=args.directory, steps=args.steps, digests=args.digests,
+                  digest_step=0 if args.digest_step is None else args.digest_step,
+                  digest_perturb=getattr(args, "digest_perturb", None))   # tools/perturb_digests
+    if args.digest_step is not None and args.digests is None:
+        raise UserError("--digest-step needs --digests FILE", "name the file the digests go to")
     progress = RichProgress(quiet=args.quiet)
     summary = run_loop(req, progress)
     losses = summary.losses

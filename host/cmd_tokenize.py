@@ -228,10 +228,8 @@ def run(args) -> int:
 
 
 def _write(out, batch_list, jobs, tokenizer_path, eot, header, size, console, show):
-    """Encode the batches on `jobs` processes into a temporary file renamed over `out` at the end;
-    (tokens, files read as Latin-1)."""
-    import tempfile
-
+    """Encode the batches on `jobs` processes into `out`, written atomically (a temporary renamed
+    over it at the end: staging.paths.atomic_write); (tokens, files read as Latin-1)."""
     from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn,
                                TimeRemainingColumn, TransferSpeedColumn)
 
@@ -241,13 +239,11 @@ def _write(out, batch_list, jobs, tokenizer_path, eot, header, size, console, sh
     n_tokens, latin1 = 0, 0
     # the pool forks before the progress bar starts its refresh thread
     with _Pool(jobs, tokenizer_path) as pool:
-        with paths.refusing("token cache", out, "create"):
-            fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
         # SIGTERM unwinds like ^C so the temporary file is removed
         previous = signal.signal(signal.SIGTERM,
                                  lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
         try:
-            with os.fdopen(fd, "wb") as f, Progress(
+            with paths.atomic_write(out, "token cache") as f, Progress(
                     TextColumn("tokenize"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                     TimeRemainingColumn(), console=console, transient=True,
                     disable=not console.is_terminal if show is None else not show) as bar:
@@ -260,14 +256,6 @@ def _write(out, batch_list, jobs, tokenizer_path, eot, header, size, console, sh
                     n_tokens += batch.ids.size
                     latin1 += batch.latin1
                     bar.advance(task, batch.bytes_read)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, out)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
         finally:
             signal.signal(signal.SIGTERM, previous)
-    paths.fsync_directory(out.parent)
     return n_tokens, latin1

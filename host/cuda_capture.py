@@ -6,8 +6,14 @@ the plan's edges (plan/launch_graph.py): each lane's launches in order on its ow
 cross-lane edge an event recorded after one launch and waited on before the other.  On sm_90a the
 edges plan/launch_graph.programmatic allows are captured programmatically (the next kernel launches
 while its predecessor works and waits for it at its first statement); if the driver refuses them,
-every edge is captured in full (the same launches and bits, only the overlap lost).  The capture
-variants (one lane, a no-op side lane) are the device check's experiments, never a run's.
+every edge is captured in full (the same launches and bits, only the overlap lost).  The plan's
+priority lane (plan/launch_graph.PRIORITY_LANE, the cost model's choice) is captured
+on a stream of the device's greatest priority, the other lane at the default, and the graph is
+instantiated to run each kernel node at the priority capture copied into it from its stream (a
+main lane of higher priority gets a stream of its own, forked from the capturing stream and joined
+back: the same nodes and edges).  Where the device has no priorities (range 0..0) every lane is at
+the default: the same graph, with a note.  The capture variants (one lane, a no-op side lane, no
+stream priority) are the device check's experiments, never a run's.
 """
 from __future__ import annotations
 
@@ -27,6 +33,7 @@ from .driver_stream import Event, Graph, Stream
 NOOP_PTX = Path(_launches.__file__).resolve().parent / "kernels" / "noop.ptx"
 NOOP_ENTRY = "noop"
 NOOP_GRID = (1, 1, 1)
+FORK, JOIN = "fork", "join"     # the events that bring a main lane's own stream into the capture
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,13 +58,19 @@ class CudaCapture:
         self.pdl = pdl
         self.one_lane = one_lane
         self.noop_side_lane = noop_side_lane
+        self.priority = True            # False: every lane at the default (a device check variant)
+        self.priority_note: str | None = None           # why no lane got a priority, if none did
+        self.priority_range: tuple[int, int] | None = None      # the device's (least, greatest)
+        self.lane_priorities: dict[int, int] = {}       # lane → its stream's (driver's) priority
+        self._streams: dict[int, Stream] = {}           # lane → its stream in the last capture
+        self._own_streams: dict = {}                    # (lane, priority) → a stream of our own
         self.pdl_refused: str | None = None             # the driver's refusal, if it refused
         # submission → the edges its last capture made programmatic
         self.programmatic_edges: dict[int, int] = {}
         self._noop: Kernel | None = None
         self._graphs: list[Graph] = []
         self._params: list = []                         # kept alive as long as the graphs
-        self._side_stream: Stream | None = None         # the side lane's stream during capture
+        self._side_stream: Stream | None = None         # the side lane's (close() drains it)
 
     def instantiate(self, t_base: int) -> None:
         """Capture and instantiate every submission's graph.  If the capture with programmatic
@@ -85,15 +98,18 @@ class CudaCapture:
             g.close()
         self._graphs = []
         self._params = []
-        self._lane_streams(self.dev.stream)     # the side lane's stream, made before any capture
+        streams = self._lane_streams(self.dev.stream)   # made before any capture
+        # the nodes run at their own priorities only when the graph is instantiated so
+        node_priority = any(p != self.dev.stream.priority for p in self.lane_priorities.values())
         for sub in self._submissions:
             launches = [self.packed(launch, t_base) + (launch.grid,) for launch in sub.launches]
             self._params.append(launches)
             plan = self._capture_plan(sub, launches)
 
-            # one ordering event per launch another lane waits for, made before the capture
-            # (capture turns its record/wait into edges; the graph keeps no event)
-            marks: dict[int, Event] = {}
+            # one ordering event per launch another lane waits for, and a fork and a join when
+            # the main lane has a stream of its own, made before the capture (capture turns their
+            # record/wait into edges; the graph keeps no event)
+            marks: dict = {}
 
             def record(stream, sub=sub, plan=plan, marks=marks):
                 self._record_lanes(stream, sub, plan, marks)
@@ -102,7 +118,9 @@ class CudaCapture:
                 for j in sorted({j for i, ds in enumerate(sub.deps) for j in ds
                                  if plan.lanes[j] != plan.lanes[i]}):
                     marks[j] = Event(timing=False)
-                self._graphs.append(Graph(self.dev, record))
+                if streams[_launches.MAIN_LANE] is not self.dev.stream:
+                    marks[FORK], marks[JOIN] = Event(timing=False), Event(timing=False)
+                self._graphs.append(Graph(self.dev, record, node_priority))
             finally:
                 for e in marks.values():
                     e.close()
@@ -130,12 +148,45 @@ class CudaCapture:
             self._noop = Kernel(module.function(NOOP_ENTRY), NOOP_ENTRY, [], threads=1, shared=0)
         return self._noop
 
+    def _lane_priorities(self) -> dict[int, int | None]:
+        """lane → the priority its stream is created with: the device's greatest for the plan's
+        priority lane, None (the default, the capturing stream's) for the other; every lane None
+        without `priority` or where the device has no priorities (`priority_note` says so)."""
+        least, greatest = self.priority_range = Stream.priority_range()
+        ranks = _graph.priority_ranks(_graph.PRIORITY_LANE if self.priority else None)
+        self.priority_note = None
+        if any(ranks.values()) and least == greatest:
+            self.priority_note = (f"the device has no stream priorities (range {least}.."
+                                  f"{greatest}): every lane at the default, the same graph")
+            return {lane: None for lane in ranks}
+        return {lane: greatest if rank else None for lane, rank in ranks.items()}
+
     def _lane_streams(self, stream: Stream) -> dict[int, Stream]:
-        """The capturing stream for the main lane, a stream of our own for the side lane."""
-        if self._side_stream is None:
-            self._side_stream = Stream()
-            self._closers.append(self._side_stream)
-        return {_launches.MAIN_LANE: stream, _launches.SIDE_LANE: self._side_stream}
+        """lane → its capture stream: the capturing stream for a main lane at the default
+        priority, else a stream of our own at the lane's priority (made once, kept)."""
+        out = {}
+        for lane, priority in self._lane_priorities().items():
+            if lane == _launches.MAIN_LANE and priority is None:
+                out[lane] = stream
+                continue
+            if (lane, priority) not in self._own_streams:
+                self._own_streams[lane, priority] = Stream(priority)
+                self._closers.append(self._own_streams[lane, priority])
+            out[lane] = self._own_streams[lane, priority]
+        self._streams, self._side_stream = out, out[_launches.SIDE_LANE]
+        self.lane_priorities = {lane: s.priority for lane, s in out.items()}
+        return out
+
+    def priority_report(self, submission: int) -> dict:
+        """What the last capture gave the lanes: the device's (least, greatest) range, each
+        lane's stream priority, the note (no priorities), and the kernel nodes of the
+        submission's graph by priority, as planned (each launch at its lane's) and as the
+        driver reports them."""
+        lanes = self._capture_plan(self._submissions[submission], self._params[submission]).lanes
+        return {"range": self.priority_range, "lanes": dict(self.lane_priorities),
+                "note": self.priority_note,
+                "planned": sorted(self.lane_priorities[lane] for lane in lanes),
+                "nodes": sorted(self._graphs[submission].kernel_priorities())}
 
     def _record_lanes(self, stream: Stream, sub, plan: CapturePlan, marks: dict) -> None:
         """Enqueue a submission's launches during capture so that the graph has exactly the
@@ -144,7 +195,11 @@ class CudaCapture:
         and waited on by i's stream just before i.  The final launch is on the main lane and
         waits for the side lane's last launch, so the capture ends joined.  On one lane the
         stream's order holds every edge (each points back in the list)."""
-        streams = self._lane_streams(stream)
+        streams = self._streams
+        main = streams[_launches.MAIN_LANE]
+        if main is not stream:                          # the main lane's stream joins the capture
+            marks[FORK].record(stream)
+            main.wait(marks[FORK])
         self.programmatic_edges[sub.index] = 0
         for i, (kernel, params, grid) in enumerate(plan.launches):
             on = streams[plan.lanes[i]]
@@ -156,3 +211,6 @@ class CudaCapture:
             self.programmatic_edges[sub.index] += overlap
             if i in marks:
                 marks[i].record(on)
+        if main is not stream:                          # and is joined back before its end
+            marks[JOIN].record(main)
+            stream.wait(marks[JOIN])

@@ -59,6 +59,28 @@ def render(rep: dict) -> None:
     if rep["across_backends"]:
         c.print(_identity_table(rep))
     _print_apart(c, rep)
+    if not rep["same"] and rep["a"]["profile"] == rep["b"]["profile"]:
+        c.print(bisect_hint(rep))
+
+
+def digest_step(rep: dict) -> int:
+    """The update to digest next: the one before the first differing loss row (it made the
+    parameters that row's forward read), step 0 for the forward logits, else the last step."""
+    first = rep["first"] or {}
+    if first.get("section") == "steps":
+        return max(int(first["step"]) - 1, 0)
+    if first.get("section") == "forward":
+        return 0
+    return max(min(rep["a"]["steps"], rep["b"]["steps"]) - 1, 0)
+
+
+def bisect_hint(rep: dict) -> str:
+    """The command to run next: digests of that update on both sides, then the bisect."""
+    n = digest_step(rep)
+    tol = " --across-backends" if rep["across_backends"] else ""
+    return (f"next, to name the kernel: run each side's invocation again with --digests FILE "
+            f"--digest-step {n} (e.g. coppelius run ... --steps {n + 1} --digests A.json "
+            f"--digest-step {n}), then coppelius bisect A.json B.json{tol}")
 
 
 def _first_line(f: dict) -> str:

@@ -13,12 +13,30 @@ if TYPE_CHECKING:
 
 
 class Stream:
-    """A non-blocking stream of the current context."""
+    """A non-blocking stream of the current context, at the default priority or at `priority`
+    (cuStreamCreateWithPriority: within priority_range(); the driver clamps a value outside)."""
 
-    def __init__(self):
+    @staticmethod
+    def priority_range() -> tuple[int, int]:
+        """The current context's (least, greatest) stream priority: lower numbers are higher
+        priorities, 0 the default; (0, 0) where the device has none
+        (cuCtxGetStreamPriorityRange)."""
+        least, greatest = check(cu().cuCtxGetStreamPriorityRange(), "cuCtxGetStreamPriorityRange")
+        return int(least), int(greatest)
+
+    def __init__(self, priority: int | None = None):
         d = cu()
-        self.handle = check(d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING),
-                            "cuStreamCreate")
+        flags = d.CUstream_flags.CU_STREAM_NON_BLOCKING
+        if priority is None:
+            self.handle = check(d.cuStreamCreate(flags), "cuStreamCreate")
+        else:
+            self.handle = check(d.cuStreamCreateWithPriority(flags, int(priority)),
+                                "cuStreamCreateWithPriority")
+
+    @property
+    def priority(self) -> int:
+        """The priority the driver gave the stream (cuStreamGetPriority: after any clamping)."""
+        return int(check(cu().cuStreamGetPriority(self.handle), "cuStreamGetPriority"))
 
     def query(self) -> bool:
         """True when idle, False while work is pending; raises DriverError on a device fault."""
@@ -74,11 +92,16 @@ def elapsed_ms(start: Event, end: Event) -> float:
 class Graph:
     """A submission captured once from the stream and instantiated: one launch per issue."""
 
-    def __init__(self, device: Device, record):
+    def __init__(self, device: Device, record, node_priority: bool = False):
         """`record(stream)` enqueues the submission's launches on the capturing stream (and on
         streams it forks from it with events, joined back before it returns).  A capture that
-        fails leaves nothing behind: the graph the driver made of it, if any, is destroyed."""
+        fails leaves nothing behind: the graph the driver made of it, if any, is destroyed.
+        `node_priority`: instantiated with CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY, so each
+        kernel node runs at the priority capture copied into it from its stream; without it
+        every node runs at the priority of the stream the graph is launched into."""
         d = cu()
+        F = d.CUgraphInstantiate_flags
+        flags = int(F.CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY) if node_priority else 0
         self.device = device
         self.graph = self.exec = None
         stream = device.stream
@@ -91,7 +114,7 @@ class Graph:
             raise
         self.graph = check(d.cuStreamEndCapture(stream.handle), "cuStreamEndCapture")
         try:
-            self.exec = check(d.cuGraphInstantiate(self.graph, 0), "cuGraphInstantiate")
+            self.exec = check(d.cuGraphInstantiate(self.graph, flags), "cuGraphInstantiate")
         except BaseException:
             self.close()
             raise
@@ -108,6 +131,19 @@ class Graph:
 
     def launch(self) -> None:
         check(cu().cuGraphLaunch(self.exec, self.device.stream.handle), "cuGraphLaunch")
+
+    def kernel_priorities(self) -> list[int]:
+        """The priority attribute of each kernel node of the captured graph, as the driver reports
+        it (cuGraphGetNodes, cuGraphKernelNodeGetAttribute PRIORITY), in the driver's order."""
+        d = cu()
+        _, count = check(d.cuGraphGetNodes(self.graph, 0), "cuGraphGetNodes")
+        nodes, _ = check(d.cuGraphGetNodes(self.graph, count), "cuGraphGetNodes")
+        kernel = int(d.CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL)
+        attr = d.CUkernelNodeAttrID.CU_LAUNCH_ATTRIBUTE_PRIORITY
+        return [int(check(d.cuGraphKernelNodeGetAttribute(n, attr),
+                          "cuGraphKernelNodeGetAttribute").priority)
+                for n in nodes[:count]
+                if int(check(d.cuGraphNodeGetType(n), "cuGraphNodeGetType")) == kernel]
 
     def close(self) -> None:
         d = cu()

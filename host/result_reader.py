@@ -139,6 +139,12 @@ class ResultFile:
                            f"≠ steps_planned {int(st['steps_planned'])}")
             if int(n["status"]) != R.NOTIFIER_STATUS_NONE:
                 out.append("outcome completed but the error notifier holds an error")
+        elif self.outcome_code == R.OUTCOME_INTERRUPTED:
+            # an interruption fills the notifier with status 0 (CONTRACT §8): its time says so
+            if int(n["time_ns"]) == 0:
+                out.append("outcome interrupted but the error notifier is not filled")
+            elif int(n["status"]) != R.NOTIFIER_STATUS_NONE:
+                out.append("outcome interrupted but the error notifier holds an error")
         elif int(n["status"]) != R.NOTIFIER_STATUS_ERROR:
             out.append(f"outcome {self.outcome} but the error notifier is not filled")
         if int(st["gp_get"]) > int(st["gp_put"]):

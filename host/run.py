@@ -25,6 +25,7 @@ from staging import synthetic
 from staging.tokens import TokenCache
 
 from . import checkpoint as ckpt_mod
+from . import digest_replay
 from .backend import DeviceError
 from .backend_cuda import CudaBackend
 from .errors import UserError
@@ -68,6 +69,9 @@ class Request:
     fence_timeout_s: float = DEFAULT_FENCE_TIMEOUT_S
     directory: Path = Path(synthetic.DEFAULT_DIRECTORY)
     steps: int | None = None            # only for tests: fewer steps than the profile's
+    digests: Path | None = None         # per-launch digests of one update (host/digest_replay.py)
+    digest_step: int = 0                # ... of this step (0-based, within this run)
+    digest_perturb: object = None       # tests and tools only: digest_replay.replay's hook
 
 
 @dataclass
@@ -181,6 +185,11 @@ def run(req: Request, progress: Progress | None = None) -> Summary:
     if not 0 < steps <= profile.steps:
         raise RunRefused(f"--steps {steps} is outside 1..{profile.steps}",
                          f"the {profile.name} profile runs 1 to {profile.steps} steps")
+    if req.digests is not None:
+        digest_replay.check_request(req.digest_step, steps)
+        paths.check_output(Path(req.digests), "digests file", overwrite=req.overwrite,
+                           cls=RunRefused,
+                           exists_hint="pass --overwrite, or name another --digests FILE")
     with _Signals(progress) as signals:
         tokens_path, ckpt_path = _resolve_paths(req)
         ckpt_mod.open_input(ckpt_path, profile).close()   # refuse a bad path before locking
@@ -259,6 +268,8 @@ class _Invocation:
         self.forward_part: np.ndarray | None = None   # (3, V) f32, written with the first step
         self.forward_offset = L.record_forward_offset(self.profile)
         self.final_offset = L.record_final_offset(self.profile)
+        self.digests = None if req.digests is None else digest_replay.StepDigests(
+            backend, req.digest_step, Path(req.digests), self.c0, req.digest_perturb)
 
     def run(self) -> Summary:
         try:
@@ -337,6 +348,8 @@ class _Invocation:
                 break
             context = c0 + s
             self.opened.cache.write_input_record(self.views, context)
+            if self.digests is not None:
+                self.digests.before(s)
             self.ring.run(L.SUBMISSION_UPDATE, context, s)
             if s == 0:
                 self.writer.write_forward(self.forward_part)
@@ -346,6 +359,8 @@ class _Invocation:
             loss = float(self.views.loss_record.mean(dtype=np.float64))   # (T,) ce rows
             summary.losses.append(loss)
             self.progress.step(s, loss)
+            if self.digests is not None:           # after the step's row left staging
+                self.digests.after(s, context, self.ring.issues)
             if (s + 1 == steps or (s + 1) % self.profile.checkpoint_interval == 0
                     or signals.received):
                 self.publisher.start(summary.update_count)

@@ -40,7 +40,8 @@ class Notifier:
 
     def __init__(self, record: np.void, ring: Ring):
         self.record, self.ring = record, ring
-        record.fill(0)
+        for name in record.dtype.names:     # fill(0) would store the digit "0" in `reason`
+            record[name] = b"" if record.dtype[name].kind == "S" else 0
         record["step"] = R.NOTIFIER_NO_STEP
 
     def fill(self, *, info32: int, submission: int, step: int | None, reason: str,

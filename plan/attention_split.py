@@ -17,9 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-
-def cdiv(a: int, b: int) -> int:
-    return (a + b - 1) // b
+from plan.ints import cdiv
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ Plain data: no Triton, no torch.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from plan.attention_split import attention_split
@@ -20,7 +21,7 @@ DTYPE_BYTES = {"fp32": 4, "bf16": 2, "i32": 4, "u32": 4}
 GAINS = ("g_embed", "g_final")      # the rows of `dgain`, in parameter order
 
 # `staged`: the issue's input record and doorbell, copied from staging by the submission's first
-# launch (plan/kernels/release_stage_in.ptx; SPEC §7: no later kernel reads staging).  Word
+# launch (plan/kernels/release_stage_in.ptx; CONTRACT §7: no later kernel reads staging).  Word
 # offsets: the record keeps its staging layout (inputs, then targets), the doorbell follows it.
 STAGED_INPUTS = SL.INPUTS // 4
 STAGED_TARGETS = SL.TARGETS // 4
@@ -37,10 +38,7 @@ class BufferSpec:
 
     @property
     def elements(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:

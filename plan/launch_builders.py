@@ -1,5 +1,5 @@
 """Launch builders of the other kernel families: release, row norms, attention, cross-entropy,
-predictions, embedding backward, AdamW, casts and copies.
+predictions, embedding backward with its AdamW, the learner's constants, casts and copies.
 
 One function per kernel; buffers by keyword (the kernel's `*_ptr` names without the suffix), flags
 by keyword; grid, blocks and warps come from the profile's tuning.  A builder refuses a shape its
@@ -14,9 +14,9 @@ import numpy as np
 from plan import profiles as _profiles
 from plan.attention_split import AttentionSplit, attention_split
 from plan.buffers import GAINS
+from plan.ints import cdiv, next_pow2
 from plan.launch_refs import Context, staging
-from plan.launch_types import (RELEASE, STAGE_IN, BufferRef, Launch, RunScalar, StagingRef, cdiv,
-                               i32, next_pow2, triton_launch)
+from plan.launch_types import RELEASE, STAGE_IN, BufferRef, Launch, RunScalar, StagingRef, i32, triton_launch
 from plan.tuning import ssq_parts
 from staging import layout as SL
 
@@ -276,12 +276,10 @@ def embed_grad(ctx: Context, *, ids, next_row, de, w1, label: str) -> Launch:
 
 # ---------------------------------------------------------------- learner, casts, copies
 
-def adamw_constexprs(profile, block: int) -> dict:
-    """The learner's constants as the kernel bakes them: fp32-rounded where it computes in fp32,
-    float64 where it forms the bias corrections (NUMERICS.md §AdamW)."""
-    gains = [q for q in profile.parameters if not q.decay]
-    if len(gains) != 2:
-        raise ValueError(f"profile {profile.name}: AdamW expects two undecayed ranges, got {len(gains)}")
+def learner_constexprs(profile) -> dict:
+    """The learner's constants as the fused updates (weight_grad, embed_grad, embed_decay) bake
+    them, in the kernels' parameter order: fp32-rounded where they compute in fp32, float64 where
+    they form the bias corrections (NUMERICS.md §AdamW)."""
     lr = profile.learner
 
     def f32(x: float) -> float:
@@ -294,45 +292,19 @@ def adamw_constexprs(profile, block: int) -> dict:
         return (r.denominator - r.numerator) / r.denominator
 
     lr_decay_den = lr.lr.denominator * lr.decay.denominator      # 1 − lr·decay as one division
-    embed = profile.parameter("embed")
-    return {"GAIN0_START": gains[0].offset, "GAIN0_END": gains[0].end,
-            "GAIN1_START": gains[1].offset, "GAIN1_END": gains[1].end,
-            "EMBED_START": embed.offset, "EMBED_END": embed.end,
-            "LR": frac(lr.lr), "BETA1_F64": frac(lr.beta1), "BETA2_F64": frac(lr.beta2),
+    return {"LR": frac(lr.lr), "BETA1_F64": frac(lr.beta1), "BETA2_F64": frac(lr.beta2),
             "DECAY": f32((lr_decay_den - lr.lr.numerator * lr.decay.numerator) / lr_decay_den),
             "BETA1": f32(frac(lr.beta1)), "ONE_MINUS_BETA1": f32(one_minus(lr.beta1)),
             "BETA2": f32(frac(lr.beta2)), "ONE_MINUS_BETA2": f32(one_minus(lr.beta2)),
-            "EPS": f32(frac(lr.epsilon)), "BLOCK": block}
-
-
-# the AdamW constants a fused update bakes in (the ranges and BLOCK belong to the whole-plane
-# kernel), in the kernels' parameter order
-LEARNER_CONSTEXPRS = ("LR", "BETA1_F64", "BETA2_F64", "DECAY", "BETA1", "ONE_MINUS_BETA1", "BETA2",
-                      "ONE_MINUS_BETA2", "EPS")
-
-
-def learner_constexprs(profile) -> dict:
-    """adamw_constexprs without the plane ranges: what weight_grad and embed_grad bake in."""
-    c = adamw_constexprs(profile, 0)
-    return {k: c[k] for k in LEARNER_CONSTEXPRS}
-
-
-def adamw(ctx: Context, *, pmv, grad, w16, doorbell, label: str) -> Launch:
-    """One AdamW update of the P/M/V planes at t = t_base + doorbell; the bf16 copy rewritten."""
-    tu = ctx.tu
-    return triton_launch("plan.kernels.adamw", "adamw", (cdiv(ctx.N, tu.adamw_block),),
-                         {"pmv_ptr": pmv, "grad_ptr": grad, "w16_ptr": w16, "doorbell_ptr": doorbell,
-                          "t_base": RunScalar("t_base", "i64"), "N": i32(ctx.N)},
-                         adamw_constexprs(ctx.p, tu.adamw_block),
-                         num_warps=tu.adamw_warps, num_stages=1, label=label)
+            "EPS": f32(frac(lr.epsilon))}
 
 
 def cast_bf16(ctx: Context, *, src, dst, label: str) -> Launch:
     """dst = bf(src) over the N parameters (refreshes w16 from the P plane)."""
     tu = ctx.tu
-    return triton_launch("plan.kernels.adamw", "cast_bf16", (cdiv(ctx.N, tu.adamw_block),),
-                         {"src_ptr": src, "dst_ptr": dst, "N": i32(ctx.N)}, {"BLOCK": tu.adamw_block},
-                         num_warps=tu.adamw_warps, num_stages=1, label=label)
+    return triton_launch("plan.kernels.adamw", "cast_bf16", (cdiv(ctx.N, tu.cast_block),),
+                         {"src_ptr": src, "dst_ptr": dst, "N": i32(ctx.N)}, {"BLOCK": tu.cast_block},
+                         num_warps=tu.cast_warps, num_stages=1, label=label)
 
 
 def copy(ctx: Context, *, src: BufferRef, dst: StagingRef, n: int, label: str) -> Launch:

@@ -1,8 +1,8 @@
-"""A submission's dependency graph, as data: two lanes (SPEC §7: one graph per submission, issued
+"""A submission's dependency graph, as data: two lanes (CONTRACT §7: one graph per submission, issued
 by one launch) and the edges between them.
 
 Each launch runs on a lane (`Launch.lane`): the main lane is the critical chain, the side lane a
-branch of launches that feed nothing on the main lane (the weight gradients with AdamW, issue 14).
+branch of launches that feed nothing on the main lane (the weight gradients with AdamW).
 Within a lane, launches follow each other in list order; a launch waits for the launches of the
 other lane that `Launch.after` names by label — the side lane forks after the main-lane launch
 that produced its last input and joins before whatever reads what it writes (the final release at
@@ -15,11 +15,32 @@ from __future__ import annotations
 
 import dataclasses
 
-from plan.launch_types import HAND_WRITTEN, LANES, MAIN_LANE, Launch
+from plan.launch_types import HAND_WRITTEN, LANES, MAIN_LANE, SIDE_LANE, Launch
 
 
 class GraphError(ValueError):
     """A launch list whose lanes and `after` labels do not make a capturable graph."""
+
+
+# The lane captured on a stream of the device's greatest priority (the other lane at the default),
+# so that the block scheduler dispatches its pending CTAs first whenever SMs free up (it never
+# preempts a resident CTA); None: no lane first.  The cost model weighs the choices (`python -m
+# tools.build_ptx --report --json`, lanes.scenarios.<s>.priority_graph_us: the update with no
+# priority and with it on each lane): the side lane first — the weight gradients with AdamW, the
+# issue's critical lane — is the fastest, 1117 / 1468 / 2154 µs (optimistic / central /
+# pessimistic) against 1136 / 1490 / 2154 with no priority and 1143 / 1491 / 2180 with the main
+# lane first: its weight gradients' CTAs get the SMs that free up instead of queueing behind the
+# main lane's grids.  The cuda backend's capture (host/cuda_capture.py) and the cost model
+# (tools/cost/lanes.py) read it from here, the device check measures it against no priority
+# (tools/gpu_check/experiments.py), and tests/test_cost_lanes.py fails when the model finds
+# another choice more than 1% faster (central): when the kernels change, follow the model.
+PRIORITY_LANE: int | None = SIDE_LANE
+
+
+def priority_ranks(priority_lane: int | None) -> dict[int, int]:
+    """lane → the rank of its stream: 1 for `priority_lane`, 0 (the default priority) for the
+    other; every lane 0 for None (no stream priority: the device check's variant)."""
+    return {lane: int(lane == priority_lane) for lane in LANES}
 
 
 def dependencies(launches) -> tuple[tuple[int, ...], ...]:
@@ -67,7 +88,7 @@ def dependencies(launches) -> tuple[tuple[int, ...], ...]:
 
 def programmatic(launches) -> tuple[bool, ...]:
     """Per launch: whether its edge to the previous launch of its lane may be programmatic
-    (programmatic dependent launch, issue 14): both are Triton kernels, whose first statement
+    (programmatic dependent launch): both are Triton kernels, whose first statement
     waits for the grids before them (plan/kernels/grid_dependency.py), so the next one's launch
     and block dispatch may overlap the previous one's work.  The first launch of a lane has no
     such predecessor, and the hand-written kernels (release, release_stage_in) neither wait nor

@@ -8,7 +8,8 @@ from __future__ import annotations
 from plan.kernels import meta
 from plan.launch_builders import learner_constexprs
 from plan.launch_refs import Context
-from plan.launch_types import BufferRef, Launch, RunScalar, cdiv, i32, triton_launch
+from plan.ints import cdiv
+from plan.launch_types import BufferRef, Launch, RunScalar, i32, triton_launch
 from plan.tuning import GROUP_M, choose_tile, ssq_parts
 
 MODULE = "plan.kernels.matmul"
@@ -107,7 +108,7 @@ def weight_grad(ctx: Context, *, products, label: str, tile: tuple[int, int] = (
     parameter's name, M, N) each, W (M, N) one or more adjacent parameters — with AdamW in their
     epilogue (P/M/V and w16).  At most `dw_programs` programs, each looping over the tiles
     pid, pid + programs, …: the side lane takes at most that many SMs from the main lane
-    (tools/cost_model.py).  Placed after the last launch that reads the old bf16 weights.
+    (tools/cost/).  Placed after the last launch that reads the old bf16 weights.
     `tile`: (BLOCK_M, BLOCK_N), the tuning's `dw_tile` when empty."""
     tu, T = ctx.tu, ctx.T
     if not 1 <= len(products) <= 2:
@@ -131,7 +132,7 @@ def weight_grad(ctx: Context, *, products, label: str, tile: tuple[int, int] = (
                          {"PRODUCTS": len(products), **learner_constexprs(ctx.p),
                           "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": tu.mm_block_k,
                           "GROUP_M": GROUP_M},
-                         num_warps=num_warps, num_stages=num_stages, label=label)
+                         num_warps=tu.dw_warps or num_warps, num_stages=num_stages, label=label)
 
 
 def matmul_rotary(ctx: Context, *, h16, w, qkv, label: str) -> Launch:

@@ -49,7 +49,7 @@ class Context:
 
     def doorbell(self) -> BufferRef:
         """The issue's sequence number, as every kernel after the first one reads it: the device
-        copy the stage-in made (SPEC §7)."""
+        copy the stage-in made (CONTRACT §7)."""
         return BufferRef("staged", STAGED_DOORBELL, "u32")
 
     def inputs(self) -> BufferRef:

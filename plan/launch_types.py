@@ -28,16 +28,6 @@ MAIN_LANE, SIDE_LANE = 0, 1     # a submission's graph: the critical chain and o
 LANES = (MAIN_LANE, SIDE_LANE)
 
 
-def cdiv(a: int, b: int) -> int:
-    """⌈a / b⌉ for a ≥ 0, b > 0 (triton.cdiv, without importing Triton)."""
-    return (a + b - 1) // b
-
-
-def next_pow2(n: int) -> int:
-    """The smallest power of two ≥ n (n ≥ 1): a block that covers n elements."""
-    return 1 << (n - 1).bit_length()
-
-
 # ---------------------------------------------------------------- argument kinds
 
 @dataclass(frozen=True)

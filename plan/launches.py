@@ -1,13 +1,16 @@
-"""The three submissions' launch lists as data (SPEC §6–§7): the model, stage by stage, layer by layer.
+"""The three submissions' launch lists as data (CONTRACT §6–§7): the model, stage by stage, layer
+by layer.
 
 Every submission is release_stage_in (the issue's input record and doorbell copied from staging
-into device memory, and the pre-launch semaphore record), its kernels, release (final slot); no
-launch after the first reads staging (SPEC §7: mapped host memory is read once per issue).  The
-update's weight-gradient launches run on a side lane of the same graph (plan/launch_graph.py:
-forked after their last input, joined before the final release); the list order is a valid order.
-Each stage names
-the buffers it reads and writes (plan/launch_refs.py: `ly.resid_attn`, `g.dres16`) and calls one
-builder per launch (plan/launch_matmul.py, plan/launch_builders.py) with them by keyword.
+into device memory, and the pre-launch semaphore record), its body, release (final slot); no
+launch after the first reads staging (CONTRACT §7: mapped host memory is read once per issue).
+The bodies are `forward_submission`, `update_submission` and `final_submission`, named as
+staging/layout.py's SUBMISSIONS; the numpy reference's step is `update_submission` too
+(plan/reference.py).  The update's weight-gradient launches run on a side lane of the same graph
+(plan/launch_graph.py: forked after their last input, joined before the final release); the list
+order is a valid order.  Each stage names the buffers it reads and writes (plan/launch_refs.py:
+`ly.resid_attn`, `g.dres16`) and calls one builder per launch (plan/launch_matmul.py,
+plan/launch_builders.py) with them by keyword.
 The argument kinds and `Launch` live in plan/launch_types.py, the meta-parameters in
 plan/tuning.py; both are re-exported here, the module the host and the build tool import.
 No Triton import here.
@@ -74,8 +77,8 @@ def _mlp_forward(ctx: Context, ly: LayerRefs) -> list[Launch]:
     ]
 
 
-def forward(ctx: Context) -> list[Launch]:
-    """embed, the layers, final norm + head: the logits of every row."""
+def forward_pass(ctx: Context) -> list[Launch]:
+    """embed, the layers, final norm + head: the logits of every row (every submission runs it)."""
     last = norm_points(ctx.p) - 1
     out = [B.embed_fwd(ctx, ids=ctx.inputs(), table=ctx.param("embed"),
                        g=ctx.param("g_embed"), emb=ctx.buf("emb"), rstd=ctx.rstd(None),
@@ -188,7 +191,7 @@ def _embed_backward(ctx: Context, g: GradRefs) -> list[Launch]:
     ]
 
 
-def backward(ctx: Context) -> list[Launch]:
+def backward_pass(ctx: Context) -> list[Launch]:
     """cross-entropy, head and final norm, the layers in reverse (MLP, then attention), embed;
     AdamW inside the weight-gradient launches (the side lane) and embed_grad."""
     g = grad_refs(ctx)
@@ -223,35 +226,58 @@ def _embed_decay(ctx: Context) -> Launch:
                                 label="embed_backward.absent+adamw+w1"), stage_in, SIDE_LANE)
 
 
-def _bodies(ctx: Context) -> tuple[list[Launch], list[Launch], list[Launch]]:
-    p, rows = ctx.p, _profiles.PREDICTION_ROWS
+def forward_submission(ctx: Context) -> list[Launch]:
+    """The forward submission's body: w16 refreshed from the P plane (after a load or a fresh
+    init), the forward pass, the PREDICTION_ROWS rows' logits to the record's forward part, and
+    their predictions.  No parameter changes."""
+    rows = _profiles.PREDICTION_ROWS
     refresh = B.cast_bf16(ctx, src=ctx.buf("pmv"), dst=ctx.buf("w16"), label="refresh_w16")
-    first = ([refresh] + forward(ctx)
-             + _records(ctx, rows, SL.record_forward_offset(p), "record_forward_offset")
-             + [_predictions(ctx)])
-    update = [_embed_decay(ctx)] + forward(ctx) + backward(ctx)
-    final = (forward(ctx)
-             + _records(ctx, rows[-1:], SL.record_final_offset(p), "record_final_offset")
-             + [_predictions(ctx),
-                B.copy(ctx, src=ctx.param("embed"), dst=loss_window("W2_EMBED_FINAL"),
-                       n=SL.LOSS_WINDOW_WORDS, label="w2"),
-                B.copy(ctx, src=ctx.param("embed", "pmv", 1), dst=loss_window("W3_EMBED_M_FINAL"),
-                       n=SL.LOSS_WINDOW_WORDS, label="w3")])
-    return first, update, final
+    return ([refresh] + forward_pass(ctx)
+            + _records(ctx, rows, SL.record_forward_offset(ctx.p), "record_forward_offset")
+            + [_predictions(ctx)])
+
+
+def update_submission(ctx: Context) -> list[Launch]:
+    """One training step's body: the forward and backward passes, with AdamW fused into the
+    launches that produce each gradient — the weight-gradient launches (`weight_grad`, on the
+    side lane) update the matrices and their w16 rows, `embed_grad` (main lane, last) E's present
+    rows and the two gains, and `embed_decay` (side lane, from the start) E's absent rows.  No
+    launch applies AdamW to a whole plane: that form is only the tests' oracle of the fused ones
+    (tests/adamw_oracle.py)."""
+    return [_embed_decay(ctx)] + forward_pass(ctx) + backward_pass(ctx)
+
+
+def final_submission(ctx: Context) -> list[Launch]:
+    """The final submission's body: the forward pass after the last step, the last prediction
+    row's logits to the record's final part, the predictions, and E's first P and M words to the
+    w2 and w3 windows."""
+    last_row = _profiles.PREDICTION_ROWS[-1:]
+    return (forward_pass(ctx)
+            + _records(ctx, last_row, SL.record_final_offset(ctx.p), "record_final_offset")
+            + [_predictions(ctx),
+               B.copy(ctx, src=ctx.param("embed"), dst=loss_window("W2_EMBED_FINAL"),
+                      n=SL.LOSS_WINDOW_WORDS, label="w2"),
+               B.copy(ctx, src=ctx.param("embed", "pmv", 1), dst=loss_window("W3_EMBED_M_FINAL"),
+                      n=SL.LOSS_WINDOW_WORDS, label="w3")])
+
+
+# a submission's body by its staging/layout.py name
+BODIES = {"forward": forward_submission, "update": update_submission, "final": final_submission}
 
 
 def submissions(profile) -> tuple[Submission, Submission, Submission]:
-    """(forward, update, final) for a profile (SPEC §7)."""
+    """(forward, update, final) for a profile (CONTRACT §7)."""
     SL.check_layout(profile)
     out = []
     ctx = Context(profile)
-    for index, body in enumerate(_bodies(ctx)):
+    for index, name in enumerate(SL.SUBMISSIONS):
+        body = BODIES[name](ctx)
         side = [x for x in body if x.lane == SIDE_LANE]
         final = B.release(ctx, index)
         if side:                     # the fence means the whole issue is done: join the side lane
             final = dataclasses.replace(final, after=(side[-1].label,))
         launches = (B.release_stage_in(ctx, index),) + tuple(body) + (final,)
-        out.append(Submission(index, SL.SUBMISSIONS[index], launches, dependencies(launches)))
+        out.append(Submission(index, name, launches, dependencies(launches)))
     return tuple(out)
 
 
@@ -265,6 +291,7 @@ def kernels(profile) -> dict[str, Launch]:
 
 
 __all__ = ["BufferRef", "StagingRef", "Scalar", "RunScalar", "Arg", "Launch", "Submission", "buffers",
-           "submissions", "kernels", "specialization", "entry_name", "tuning", "Tuning", "H200",
+           "submissions", "kernels", "forward_submission", "update_submission", "final_submission",
+           "specialization", "entry_name", "tuning", "Tuning", "H200",
            "INTERPRETER", "TUNING", "RELEASE", "STAGE_IN", "HAND_WRITTEN", "POINTER_ALIGN",
            "INT_DIVISOR", "MAIN_LANE", "SIDE_LANE", "LANES"]

@@ -5,18 +5,21 @@ torch or the driver.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
+from plan.ints import cdiv
 from staging.errors import UserError
+from staging.layout import TRANSFER_WINDOW_BYTES
 
-SEED = 20260925                 # SPEC §2: fresh initialization draws from this
-CHUNK_BYTES = 4 * 1024 * 1024   # SPEC §10: checkpoint chunk = the staging transfer window
+SEED = 20260925                 # CONTRACT §2: fresh initialization draws from this
+CHUNK_BYTES = TRANSFER_WINDOW_BYTES     # CONTRACT §10: a checkpoint chunk passes through the window
 PLANES = 3                      # P, M, V
 BYTES_PER_SCALAR = 4            # fp32 planes
-ROPE_BASE = 10000.0             # SPEC §3
-RMS_EPS = 1e-6                  # SPEC §3
-INIT_STD = 0.02                 # SPEC §4
-PREDICTION_ROWS = (255, 511, 1023)  # SPEC §6: the rows whose next token is predicted
+ROPE_BASE = 10000.0             # CONTRACT §3
+RMS_EPS = 1e-6                  # CONTRACT §3
+INIT_STD = 0.02                 # CONTRACT §4
+PREDICTION_ROWS = (255, 511, 1023)  # CONTRACT §6: the rows whose next token is predicted
 
 
 @dataclass(frozen=True)
@@ -29,10 +32,7 @@ class Parameter:
 
     @property
     def size(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
+        return math.prod(self.shape)
 
     @property
     def end(self) -> int:
@@ -61,7 +61,7 @@ class Rational:
 
 @dataclass(frozen=True)
 class Learner:
-    """AdamW hyperparameters as exact rationals (SPEC §4); `float(x)` gives the value."""
+    """AdamW hyperparameters as exact rationals (CONTRACT §4); `float(x)` gives the value."""
     lr: Rational = Rational(3, 10000)
     beta1: Rational = Rational(9, 10)
     beta2: Rational = Rational(95, 100)
@@ -71,9 +71,9 @@ class Learner:
 
 @dataclass(frozen=True)
 class Profile:
-    """One model, its run policy and its identities (SPEC §2–§3).
+    """One model, its run policy and its identities (CONTRACT §2–§3).
 
-    Glossary: the letters SPEC.md, docs/NUMERICS.md, the kernels and the launch lists use.
+    Glossary: the letters docs/CONTRACT.md, docs/NUMERICS.md, the kernels and the launch lists use.
       V vocab      T context    D width      L layers
       H heads      G kv_heads   d head_dim   F hidden
     Derived: H·d = q_width, G·d = kv_width, W = (H + 2G)·d the fused q|k|v columns
@@ -91,8 +91,8 @@ class Profile:
     hidden: int                 # F: SwiGLU hidden width (Wgate and Wup are (F, D))
     steps: int                  # AdamW updates per run
     checkpoint_interval: int    # updates between checkpoint publications
-    seed: int = SEED            # fresh initialization draws from it (SPEC §4)
-    learner: Learner = field(default_factory=Learner)   # AdamW hyperparameters (SPEC §4)
+    seed: int = SEED            # fresh initialization draws from it (CONTRACT §4)
+    learner: Learner = field(default_factory=Learner)   # AdamW hyperparameters (CONTRACT §4)
 
     # ---- derived sizes ----
     @property
@@ -113,7 +113,7 @@ class Profile:
 
     @property
     def chunk_count(self) -> int:
-        return -(-self.payload_bytes // CHUNK_BYTES)
+        return cdiv(self.payload_bytes, CHUNK_BYTES)
 
     @property
     def publications(self) -> int:

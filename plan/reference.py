@@ -1,4 +1,5 @@
-"""The reference model (SPEC §3–§4, §11): numpy forward, backward and AdamW, the oracle for every kernel.
+"""The reference model (CONTRACT §3–§4, §11): numpy forward, backward and AdamW, the oracle for every
+kernel.
 
 Rounds to bf16 exactly where docs/NUMERICS.md says, nowhere else.  Never imports torch or triton.
 Stage functions live in `reference_stages`, bf16 and the rotary tables in `reference_numerics`,
@@ -20,7 +21,7 @@ from plan.reference_stages import (
 
 __all__ = [
     "bf16", "rotary_tables", "attention_scale", "unflatten", "init_parameters", "decay_mask",
-    "adamw", "adamw_constants", "forward", "forward_trace", "gradients", "train_step",
+    "adamw", "adamw_constants", "forward", "forward_trace", "gradients", "update_submission",
     "embed", "rmsnorm", "qkv", "rotary", "attention", "out_proj", "mlp", "final_norm", "head",
     "cross_entropy", "cross_entropy_backward", "head_backward", "final_norm_backward",
     "rmsnorm_backward", "mlp_backward", "out_proj_backward", "attention_backward",
@@ -144,8 +145,9 @@ def gradients(profile, P: np.ndarray, inputs, targets, trace: dict | None = None
     return tr["cross_entropy.ce"], G
 
 
-def train_step(profile, P, M, V, t: int, inputs, targets):
-    """One training step on one context → (ce_rows (T,), grad, P, M, V).
+def update_submission(profile, P, M, V, t: int, inputs, targets):
+    """One training step on one context, as the launch lists' update submission computes it
+    (plan/launches.py `update_submission`) → (ce_rows (T,), grad, P, M, V).
 
     ce_rows is the per-row cross-entropy before the update; grad the flat gradient of mean(ce);
     t the update count after this step (1 for the first step of a fresh run).  Inputs unchanged.

@@ -1,4 +1,4 @@
-"""Reference learner: fresh initialization (SPEC §4), the flat-plane views, and AdamW (NUMERICS.md).
+"""Reference learner: fresh initialization (CONTRACT §4), the flat-plane views, and AdamW (NUMERICS.md).
 
 numpy only.  The P, M and V planes are flat float32 vectors in the profile's parameter order.
 """
@@ -36,7 +36,7 @@ def _normals(words: np.ndarray) -> np.ndarray:
 
 
 def init_parameters(profile) -> np.ndarray:
-    """The fresh P plane (parameter_count,) float32: gains 1, matrices N(0, 0.02²) (SPEC §4).
+    """The fresh P plane (parameter_count,) float32: gains 1, matrices N(0, 0.02²) (CONTRACT §4).
 
     One stream, numpy.random.Philox(key=seed).random_raw, read in parameter order; gains consume
     no words.  Pure function of the seed: same bits in every process.

@@ -266,14 +266,9 @@ def attention_backward(do, q, k, v, o, p, head_dim: int):
 
 
 def rotary_backward(dx: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-    """dx' (T, n·d) → dx (T, n·d): the transpose of the rotation (dx₁ = dx'₁cos + dx'₂sin, …)."""
-    half = cos.shape[1]
-    xh, d1, d2 = _halves(dx, half)
-    c, s = cos[:, None, :], sin[:, None, :]
-    out = np.empty_like(xh)
-    out[..., :half] = d1 * c + d2 * s
-    out[..., half:] = d2 * c - d1 * s
-    return out.reshape(dx.shape)
+    """dx' (T, n·d) → dx (T, n·d): the transpose of the rotation, the rotation by the opposite
+    angle (dx₁ = dx'₁cos + dx'₂sin, …; negating sin is exact, so the bits are those of that sum)."""
+    return rotary(dx, cos, -sin)
 
 
 class QKVGrad(NamedTuple):

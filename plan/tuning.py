@@ -8,12 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from plan.ints import cdiv
+
 GROUP_M = 8                 # matmul row tiles that share their B tiles in L2 (grouped ordering)
-
-
-def cdiv(a: int, b: int) -> int:
-    """⌈a / b⌉ for a ≥ 0, b > 0 (triton.cdiv, without importing Triton)."""
-    return (a + b - 1) // b
 
 
 @dataclass(frozen=True)
@@ -32,14 +29,14 @@ class Tuning:
     attn_warps: int
     attn_fwd_chunk: int                          # kv blocks per attention_fwd program (a split)
     attn_bwd_chunk: int                          # (query head, query block) trips per dK/dV program
-    ce_rows: int
-    ce_warps: int
-    adamw_block: int
-    adamw_warps: int
-    vocab_block: int                             # embed_grad vocabulary rows per program
-    vocab_warps: int                             # embed_grad warps (its AdamW holds 4 tiles)
-    gain_cols: int
-    gain_rows: int
+    ce_rows: int                                 # cross_entropy rows per program
+    ce_warps: int                                # cross_entropy's and predictions' warps
+    cast_block: int                              # cast_bf16 elements per program (the w16 refresh)
+    cast_warps: int
+    vocab_block: int                             # embed_grad/embed_decay vocabulary rows per program
+    vocab_warps: int                             # their warps (embed_grad's AdamW holds 4 tiles)
+    gain_cols: int                               # rmsnorm_bwd_gain dg columns per program
+    gain_rows: int                               # … rows per trip down those columns
     copy_block: int = 1024
     swiglu_bwd_tiles: tuple[tuple[int, int], ...] = ()   # SwiGLU-backward tiles ((): mm_tiles)
     dw_tile: tuple[int, int] = (128, 128)        # weight-gradient tiles (AdamW in the epilogue)
@@ -47,6 +44,7 @@ class Tuning:
     dn_splits: int = 1                           # K splits of the N = D products into a norm
     qkv_dh_splits: int = 1                       # … of the qkv backward's dh (K = W) among them
     dw_programs: int = 64                        # programs of a side-lane weight-gradient launch
+    dw_warps: int = 0                            # their warps (0: the matmul rule for the tile)
     decay_programs: int = 16                     # programs of embed_decay (E's absent rows, side lane)
     swiglu_tiles: tuple[tuple[int, int], ...] = ()   # SwiGLU-forward tiles ((): mm_tiles)
     delta_tiles: tuple[tuple[int, int], ...] = ()    # out_proj-backward dO + delta tiles
@@ -54,52 +52,50 @@ class Tuning:
 
 H200 = Tuning(mm_tiles=((128, 128), (128, 64), (64, 64)), mm_min_programs=120, mm_block_k=64,
               mm_warps=8, mm_stages=3, rows=4, rows_warps=4, attn_m=64, attn_n=64, attn_warps=4,
-              # attention split (docs/PERFORMANCE.md, issue 14): ≤ 4 kv blocks per forward program
-              # (320 programs ≤ 528 slots at 4 per SM); ≤ 12 trips per dK/dV program: 124
-              # programs at 2 per SM fit the 67 SMs the side lane leaves (5 trips: 244 programs,
-              # two rounds there; model 1441 → 1425 µs central, docs/PERFORMANCE.md issue 14 round 5)
+              # attention split (docs/PERFORMANCE.md): ≤ 4 kv blocks per forward program (320
+              # programs ≤ 528 slots at 4 per SM); ≤ 12 trips per dK/dV program: 124 programs at
+              # 2 per SM fit the 67 SMs the side lane leaves (5 trips: 244 programs, two rounds
+              # there; model 1441 → 1425 µs central)
               attn_fwd_chunk=4, attn_bwd_chunk=12,
-              ce_rows=1, ce_warps=16, adamw_block=2048, adamw_warps=8, vocab_block=16,
+              ce_rows=1, ce_warps=16, cast_block=2048, cast_warps=8, vocab_block=16,
               vocab_warps=8,
               # 128 rows per gain-column trip: 8 unprefetched trips on its chain instead of 16
               gain_cols=32, gain_rows=128,
               # 128×128 with the epilogue in column eighths on the bf16 [a|b]: 108 registers, no
               # spill (ptxas -v), so 2 blocks/SM and the 176 tiles in 1 round (quarters: 128; in
-              # halves on fp32 [a|b]: 234, 1 block/SM, 2 rounds; docs/PERFORMANCE.md, issue 14
-              # round 5); 128×64 loads bf(dres) once per 64 columns: +186 MB of L2 (round 3)
+              # halves on fp32 [a|b]: 234, 1 block/SM, 2 rounds; docs/PERFORMANCE.md); 128×64
+              # loads bf(dres) once per 64 columns: +186 MB of L2
               swiglu_bwd_tiles=((128, 128), (64, 64)),
-              # the AdamW epilogue, in two column halves, holds the tile's g and half-tiles of p, m,
-              # v: 226 registers at 128×128, no spill (1 block/SM; 128×64 takes 128 but moves 25 %
-              # more L2 bytes per element)
-              dw_tile=(128, 128),
-              # a layer's MLP half at 128×256 with the epilogue in column eighths: 4·11 + 43·2 =
-              # 130 = 65 × 2 tiles, each loading dy and x for twice the outputs (ptxas: 250
-              # registers, no spill; the head's dW spills at 128×256, so it keeps dw_tile).
-              # Model: 1425 → 1400 µs central (docs/PERFORMANCE.md, issue 14 round 5)
-              mlp_dw_tile=(128, 256),
+              # every weight gradient at 128×128 on 4 warps: 2 CTAs per SM whatever ptxas gives
+              # (≤ 255 registers × 128 threads), so one CTA's AdamW epilogue runs under the other's
+              # K loop (ptxas: 230 registers for two products, 252 for the head on sm_90a, no
+              # spill; with one epilogue piece loaded ahead both spill).  A layer's MLP half is
+              # 4·22 + 43·4 = 260 tiles (at 128×256 on 8 warps: 250 registers, 1 CTA per SM).
+              # Model: 1595 → 1468 µs central (docs/performance/update-levers-round-6.md)
+              dw_tile=(128, 128), dw_warps=4,
               # N = 512 products into a norm backward: 32 tiles of 128×128 × 4 K ranges = 128
               # programs at 4× the FLOP per byte of the 64×64 tiles that reach 128 without a split
               dn_splits=4,
               # the qkv backward's dh (K = W = 1024) in 2 K ranges: 64 programs fit beside the side
               # lane's 65 and its norm backward reads 2 partials, not 4 (model: 1461 → 1446 µs
-              # central; 1 range: 1458; docs/PERFORMANCE.md, issue 14 round 5)
+              # central; 1 range: 1458; docs/PERFORMANCE.md)
               qkv_dh_splits=2,
-              # the side lane's weight-gradient launches: at most 65 programs (1 block/SM), each
-              # looping over its tiles, so the main lane keeps ≥ 67 SMs (tools/cost_model.py);
-              # 65 because a layer's MLP half is 260 = 65 × 4 tiles (64 leaves 4 programs a fifth
-              # tile: the model's graph is 10 µs longer, docs/PERFORMANCE.md issue 14 round 5)
-              dw_programs=65,
+              # the side lane's weight-gradient launches: at most 130 programs (2 per SM on 65
+              # SMs), each looping over its tiles, so the main lane keeps ≥ 67 SMs (tools/cost/);
+              # 130 because a layer's MLP half is 260 = 130 × 2 tiles (98: 1610 µs central, 160:
+              # 1478; docs/performance/update-levers-round-6.md)
+              dw_programs=130,
               # the SwiGLU forward on the MLP norm's bf16 rows: 126 registers at 128×64, 2 blocks
               # per SM (344 tiles in 2 rounds); 128×128 takes 231 (1 block/SM; 31 µs more in the
               # model's graph), 64×128 128 and 64×64 78 but re-read the weights per 64 rows
               swiglu_tiles=((128, 64), (64, 64)),
               # out_proj backward's dO + delta at 128×128: 32 programs that fit beside the side
               # lane, each loading bf(dres) and Wo half as often as at 64×64 (model: 1446 → 1441
-              # µs central; docs/PERFORMANCE.md, issue 14 round 5)
+              # µs central; docs/PERFORMANCE.md)
               delta_tiles=((128, 128),),
               # E's absent rows on 32 programs beside the forward (16: 48 serial block trips, 152
               # µs on 16 SMs; 32: half the chain on 32 SMs; model 1400 → 1397 µs central, 24:
-              # 1398; docs/PERFORMANCE.md, issue 14 round 5)
+              # 1398; docs/PERFORMANCE.md)
               decay_programs=32)
 # tiny keeps GPU-valid shapes (≤ 128 KiB shared memory: sm_80's 163 KiB and sm_90's 227 KiB hold
 # it) while the interpreter sees few programs: 128×128×128 matmul tiles, one stage.
@@ -108,7 +104,7 @@ INTERPRETER = Tuning(mm_tiles=((128, 128),), mm_min_programs=1, mm_block_k=128, 
                      # the longer half of the rows in two chunks: the split and the merges run in
                      # the whole-plan interpreter tests for a few programs more (48 + 24 vs 32 + 16)
                      attn_fwd_chunk=4, attn_bwd_chunk=8,
-                     ce_rows=32, ce_warps=8, adamw_block=16384, adamw_warps=8, vocab_block=64,
+                     ce_rows=32, ce_warps=8, cast_block=16384, cast_warps=8, vocab_block=64,
                      vocab_warps=8, gain_cols=128, gain_rows=128, dw_tile=(128, 128), dn_splits=1,
                      # fewer programs than the 9 tiles of a layer's MLP half: the whole-plan tests
                      # run the tile loop (and embed_decay's block loop: 8 blocks on 2 programs)

@@ -1,4 +1,4 @@
-"""Every offset and size of the 8 MiB staging region (SPEC §6), named once; import, never retype."""
+"""Every offset and size of the 8 MiB staging region (CONTRACT §6), named once; import, never retype."""
 from __future__ import annotations
 
 REGION_BYTES = 8 * 1024 * 1024
@@ -34,26 +34,27 @@ W0_LAST_CE, W1_EMBED_GRAD, W2_EMBED_FINAL, W3_EMBED_M_FINAL = range(LOSS_WINDOWS
 LOSS_RECORD = 0x190000                  # the update's per-row cross-entropy copy
 LOSS_RECORD_BYTES = 4096
 
-PREDICTIONS = 0x1F0000                  # rows 255, 511, 1023 as {u32 token, u32 valid}
+PREDICTIONS = 0x1F0000                  # the prediction rows as {u32 token, u32 valid}
 PREDICTION_COUNT = 3
 PREDICTION_BYTES = 8
 PREDICTIONS_BYTES = PREDICTION_COUNT * PREDICTION_BYTES
 
 RECORD = 0x200000                       # result record: forward part then final part
 RECORD_MARKER = bytes.fromhex("bebafecabebafeca")
-RECORD_FORWARD_ROWS = 3
+RECORD_FORWARD_ROWS = PREDICTION_COUNT  # one logits row per prediction row
 
 TRANSFER_WINDOW = 0x400000              # checkpoint chunks pass through here
 TRANSFER_WINDOW_BYTES = 4 * 1024 * 1024
 
 
 def record_forward_bytes(profile) -> int:
-    """Forward part: fp32 logits of rows 255, 511, 1023 (3·V·4 bytes)."""
+    """Forward part: fp32 logits of the three prediction rows (3·V·4 bytes; plan/profiles.py
+    PREDICTION_ROWS names them: staging cannot import it)."""
     return RECORD_FORWARD_ROWS * profile.vocab * 4
 
 
 def record_final_bytes(profile) -> int:
-    """Final part: fp32 logits of row 1023 after the final step (V·4 bytes)."""
+    """Final part: fp32 logits of the last prediction row after the final step (V·4 bytes)."""
     return profile.vocab * 4
 
 
@@ -86,7 +87,7 @@ def check_layout(profile) -> None:
                          f"past the transfer window at {TRANSFER_WINDOW:#x}")
 
 
-# ---- result file (SPEC §9): sizes reserved here; the section table is staging.result_sections
+# ---- result file (CONTRACT §9): sizes reserved here; the section table is staging.result_sections
 STEP_WINDOW_BYTES = LOSS_RECORD_BYTES   # one step's per-row cross-entropy in the result file
 STAT_RECORD_BYTES = 160
 STATUS_BLOCK_BYTES = 160

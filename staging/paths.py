@@ -4,8 +4,9 @@ Every reader of a user-named path (token cache, checkpoint, result file, source,
 it with `open_regular`: O_NONBLOCK so that a FIFO or a device returns at once instead of waiting
 for a writer, then fstat of the *opened* file (no window between a check and the open), a refusal
 for anything but a regular file, then O_NONBLOCK cleared.  Every writer checks its output path
-with `check_output` before any work.  An OSError on such a path becomes a `UserError` (or the
-caller's subclass) naming what the path is for, the path, and the errno: one line and a hint.
+with `check_output` before any work, and a writer that must never leave a partial file writes
+through `atomic_write`.  An OSError on such a path becomes a `UserError` (or the caller's
+subclass) naming what the path is for, the path, and the errno: one line and a hint.
 
 It lives in the lowest layer so that staging and host refuse paths the same way.
 """
@@ -15,7 +16,9 @@ import contextlib
 import errno
 import fcntl
 import os
+import pathlib
 import stat
+import tempfile
 
 from .errors import UserError
 
@@ -194,3 +197,26 @@ def fsync_directory(directory, strict: bool = False) -> None:
             raise
     finally:
         os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_write(path, what: str, cls=UserError):
+    """A binary file to write `path` through: a temporary beside it (same directory, so the rename
+    cannot cross file systems), flushed and fsynced, renamed over `path` when the block ends, then
+    the directory fsynced so the name survives a crash.  An exception in the block (^C included)
+    removes the temporary and leaves `path` as it was; an OSError creating the temporary is the
+    refusal for `path` (`what` names it)."""
+    path = pathlib.Path(path)
+    with refusing(what, path, "create", cls):
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    fsync_directory(path.parent)

@@ -1,6 +1,6 @@
-"""Binary records of SPEC §7–§8 as little-endian numpy structured dtypes, with pack/unpack.
+"""Binary records of CONTRACT §7–§8 as little-endian numpy structured dtypes, with pack/unpack.
 
-Each record is one `Record` object: its dtype (explicit offsets, so the layout is the SPEC's table,
+Each record is one `Record` object: its dtype (explicit offsets, so the layout is the contract's table,
 not numpy's packing), `pack(**fields) -> bytes`, `unpack(buffer) -> dict` and `view(buffer)`,
 a zero-copy structured view of one or more records in a writable buffer.
 """

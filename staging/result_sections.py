@@ -1,4 +1,4 @@
-"""The result file (SPEC §9) as one table: every section's name, element type and size.
+"""The result file (CONTRACT §9) as one table: every section's name, element type and size.
 
 The writer and the reader (`host/result_file.py`), the size formula below, `coppelius inspect` and
 `coppelius diff` all walk `SECTIONS`; nothing else spells the file's order or a section's size.

@@ -1,4 +1,5 @@
-"""The embedded default token stream (SPEC §14): a seeded synthetic source with an exact floor per context.
+"""The embedded default token stream (CONTRACT §14): a seeded synthetic source with an exact floor per
+context.
 
 Design (per profile; every draw comes from raw Philox words, so the bytes never depend on numpy's
 distribution algorithms; every random choice is uniform over its options):
@@ -9,7 +10,7 @@ distribution algorithms; every random choice is uniform over its options):
   offsets d_k, each with probability 1/K, and the token is J + 1 + π[y] for a fixed random
   permutation π.  So a content token has exactly K equally likely successors, and since the
   increments are i.i.d. the past tells nothing beyond the current token.
-* Each context (stream ids 1024c .. 1024c+1024, SPEC §5) predicts T tokens laid out as n_b = T/B
+* Each context (stream ids 1024c .. 1024c+1024, CONTRACT §5) predicts T tokens laid out as n_b = T/B
   blocks of B: one marker, then B-1 content tokens.  Block 0's marker is 0 (a Markov block).
   The marker of block b ≥ 1 is uniform over 0..m_b, m_b = min(b, J): 0 makes a *Markov block*
   (its walk continues from the token before the marker), j ≥ 1 a *copy block* whose content
@@ -66,7 +67,6 @@ import math
 import mmap
 import os
 import pathlib
-import tempfile
 from dataclasses import dataclass
 
 import numpy as np
@@ -74,8 +74,8 @@ import numpy as np
 from . import paths
 from .errors import UserError
 
-CONTEXTS = 20_000                      # SPEC §14: enough for two consecutive runs
-STREAM_HEADER = bytes(16)              # SPEC §5: mtime 0 and size 0 mark a generated stream
+CONTEXTS = 20_000                      # CONTRACT §14: enough for two consecutive runs
+STREAM_HEADER = bytes(16)              # CONTRACT §5: mtime 0 and size 0 mark a generated stream
 STREAM_SUFFIX = "-stream.tokens"
 DEFAULT_DIRECTORY = "coppelius-run"    # where `coppelius run` with no arguments keeps its files
 _CHUNK_CONTEXTS = 1000                 # bounds peak memory (~50 MB of int64 per chunk)
@@ -203,7 +203,7 @@ def content_chunk(steps: np.ndarray, kind: np.ndarray, perm: np.ndarray, y0: int
     marker kind[:, b], then B−1 content ids — a walk of `steps` (c, nb, B−1) over the chain, or for
     a copy block (kind > 0) block b − kind's walk again — the walk continuing from context to
     context (y0: its absolute value at the chunk's first token), ids J + 1 + perm[walk mod N].
-    (tools/proxy_train.py's frozen pre-issue-17 generator walks the same way.)"""
+    (tools/proxy_train.py's frozen copy of the earlier generator walks the same way.)"""
     c, nb, B1 = steps.shape
     y = np.zeros((c, nb, B1), np.int64)            # walk relative to each context's token 0
     start = np.zeros(c, np.int64)
@@ -377,17 +377,8 @@ def ensure_default_stream(profile, directory=DEFAULT_DIRECTORY) -> pathlib.Path:
         # a program fault (e.g. a changed bit generator), not a user error: never write it
         raise RuntimeError(f"the {profile.name} stream generator no longer reproduces its pinned "
                            f"sha256 ({digest.hexdigest()[:16]}… ≠ {STREAM_SHA256[profile.name][:16]}…)")
-    fd, tmp = tempfile.mkstemp(prefix=f".{profile.name}-stream.", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(STREAM_HEADER)
-            f.write(memoryview(tokens).cast("B"))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)          # concurrent first uses race harmlessly: same bytes
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    paths.fsync_directory(directory)   # the name survives a crash, as the token caches' do
+    # concurrent first uses race harmlessly: each renames the same bytes into place
+    with paths.atomic_write(path, "embedded stream") as f:
+        f.write(STREAM_HEADER)
+        f.write(memoryview(tokens).cast("B"))
     return path

@@ -1,4 +1,4 @@
-"""Token caches (SPEC §5): open by memory map, refuse bad input before device work, stage contexts.
+"""Token caches (CONTRACT §5): open by memory map, refuse bad input before device work, stage contexts.
 
 A cache is a 16-byte header (int64 LE source mtime in ns, uint64 LE source size in bytes; both 0
 for a generated stream) then uint32 LE ids.  Context c is ids [T·c, T·c + T]: inputs the first T,
@@ -128,7 +128,7 @@ class TokenCache:
             parts.append(f"context {c} target row {r}")
         return f"token {index} ({', '.join(parts)})"
 
-    # ---- validation (SPEC §5) ----
+    # ---- validation (CONTRACT §5) ----
     def validate_run(self, c0: int, steps: int, source: str | None = None) -> None:
         """Refuse, naming file and position, anything that would make contexts c0..c0+steps-1 wrong."""
         T, V = self.profile.context, self.profile.vocab

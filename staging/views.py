@@ -47,7 +47,7 @@ class StagingViews:
         self.inputs = self.u32(L.INPUTS, T)                                  # (T,)
         self.targets = self.u32(L.TARGETS, T)                                # (T,)
         self.semaphores = R.SEMAPHORE_SLOT.view(raw, len(L.SUBMISSIONS), L.SEMAPHORES)  # (3,)
-        self.first_semaphore_word = self.u32(L.SEMAPHORES, 1)   # (1,) the stat record's (SPEC §9)
+        self.first_semaphore_word = self.u32(L.SEMAPHORES, 1)   # (1,) the stat record's (CONTRACT §9)
         self.error_notifier = R.ERROR_NOTIFIER.view(raw, 1, L.ERROR_NOTIFIER)  # (1,)
         self.doorbell = self.u32(L.DOORBELL, 1)                              # (1,)
         self.loss_block = self.f32(L.LOSS_BLOCK, L.LOSS_BLOCK_BYTES // 4).reshape(

@@ -17,7 +17,7 @@ from kernels_support import f32, poisoned
 
 from plan import launch_builders
 from plan.kernels.adamw import adamw_update, bias_corrections
-from plan.launch_types import cdiv
+from plan.ints import cdiv
 
 ORACLE_BLOCK = 1024             # elements per program of `adamw_planes` (any block: the same bits)
 
@@ -32,7 +32,7 @@ def adamw(pmv_ptr, grad_ptr, w16_ptr, doorbell_ptr, t_base, N,
           BETA2: tl.constexpr, ONE_MINUS_BETA2: tl.constexpr, EPS: tl.constexpr,
           BLOCK: tl.constexpr):
     """One update of N parameters from a gradient plane; the fp32 constants arrive already
-    rounded to fp32 (launch_builders.adamw_constexprs).  The gains are not decayed; w16 = bf(p)
+    rounded to fp32 (oracle_constexprs).  The gains are not decayed; w16 = bf(p)
     is written outside the gains and E (embed_fwd gathers E's fp32 rows)."""
     step_size, bc2_sqrt = bias_corrections(doorbell_ptr, t_base, LR, BETA1_F64, BETA2_F64)
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -51,6 +51,21 @@ def adamw(pmv_ptr, grad_ptr, w16_ptr, doorbell_ptr, t_base, N,
     tl.store(w16_ptr + offs, p.to(tl.bfloat16), mask=mask & ~(gain | embed))
 
 
+def oracle_constexprs(profile, block: int) -> dict:
+    """The whole-plane kernel's constexprs: the ranges of the profile's two undecayed parameters
+    (the gains) and of E, the learner's constants as the fused updates bake them
+    (launch_builders.learner_constexprs), and BLOCK."""
+    gains = [q for q in profile.parameters if not q.decay]
+    if len(gains) != 2:
+        raise ValueError(f"profile {profile.name}: the oracle expects two undecayed ranges, "
+                         f"got {len(gains)}")
+    embed = profile.parameter("embed")
+    return {"GAIN0_START": gains[0].offset, "GAIN0_END": gains[0].end,
+            "GAIN1_START": gains[1].offset, "GAIN1_END": gains[1].end,
+            "EMBED_START": embed.offset, "EMBED_END": embed.end,
+            **launch_builders.learner_constexprs(profile), "BLOCK": block}
+
+
 def adamw_planes(profile, g: np.ndarray, P, M, V, t_base: int, doorbell: int, decayed: bool = True):
     """The oracle's update of one parameter (n = g.size elements, a decayed matrix or, with
     decayed=False, a gain) at t = t_base + doorbell with `profile`'s learner → its new
@@ -59,7 +74,7 @@ def adamw_planes(profile, g: np.ndarray, P, M, V, t_base: int, doorbell: int, de
     pmv = torch.from_numpy(np.concatenate([P, M, V]))
     w16 = poisoned((n,), torch.bfloat16)
     gain = (n, n) if decayed else (0, n)
-    c = dict(launch_builders.adamw_constexprs(profile, ORACLE_BLOCK), GAIN0_START=gain[0],
+    c = dict(oracle_constexprs(profile, ORACLE_BLOCK), GAIN0_START=gain[0],
              GAIN0_END=gain[1], GAIN1_START=n, GAIN1_END=n, EMBED_START=n, EMBED_END=n)
     adamw[(cdiv(n, ORACLE_BLOCK),)](pmv, torch.from_numpy(np.ascontiguousarray(g.reshape(-1))),
                                     w16, torch.tensor([doorbell], dtype=torch.int32), t_base, n, **c)

@@ -135,9 +135,11 @@ def synthesize(profile, outcome: int = R.OUTCOME_COMPLETED, steps: int | None = 
                      R.OUTCOME_HOST_ERROR: (R.INFO_HOST_IO, "host I/O: No space left on device")
                      }[outcome]
         failed_step = steps if outcome != R.OUTCOME_INTERRUPTED else R.NOTIFIER_NO_STEP
+        notifier_status = R.NOTIFIER_STATUS_NONE if outcome == R.OUTCOME_INTERRUPTED \
+            else R.NOTIFIER_STATUS_ERROR        # an interruption is no error (CONTRACT §8)
         notifier = R.ERROR_NOTIFIER.pack(
             time_ns=1_795_000_000_000_000_000 + wall, info32=info,
-            info16=L.SUBMISSION_UPDATE, status=R.NOTIFIER_STATUS_ERROR,
+            info16=L.SUBMISSION_UPDATE, status=notifier_status,
             sequence=issues if failed_update else 0, step=failed_step, reason=why)
     stat = R.STAT_RECORD.pack(
         st_dev=2049, st_ino=131072 + seed, st_size=0, st_mode=0o100644, st_nlink=1, st_uid=1000,

@@ -2,12 +2,16 @@
 bake into them) against plan/profiles.py, the reference model and staging/layout.py."""
 from __future__ import annotations
 
+import ast
 import math
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from host.backend_interpret import TORCH_DTYPES
 from plan import launches, profiles
@@ -15,6 +19,7 @@ from plan import reference as ref
 from plan import reference_numerics, reference_stages
 from plan.buffers import DTYPE_BYTES
 from plan.kernels import matmul, meta, norms, rotary
+from plan.kernels.adamw import cast_bf16
 from staging import layout as SL
 
 PROFILES = profiles.names()
@@ -104,7 +109,7 @@ def test_decay_follows_the_parameter_table(name):
 @pytest.mark.parametrize("name", PROFILES)
 def test_prediction_rows_are_the_profiles_and_the_layouts(name):
     prof = profiles.get(name)
-    assert SL.PREDICTION_COUNT == len(profiles.PREDICTION_ROWS)
+    assert SL.PREDICTION_COUNT == SL.RECORD_FORWARD_ROWS == len(profiles.PREDICTION_ROWS)
     assert all(0 <= r < prof.context for r in profiles.PREDICTION_ROWS)
     for launch in _launches(prof, "predictions"):
         c = dict(launch.constexprs)
@@ -143,8 +148,6 @@ def test_stage_in_copies_the_layouts_record_into_staged():
     """release_stage_in.ptx bakes the record's size and the doorbell's place in `staged`: 256
     threads × 2 × 16 bytes = the input record, the targets half at +INPUTS_BYTES, the doorbell
     after the record; the launch runs that many threads and `staged` holds them."""
-    from pathlib import Path
-
     from plan import launch_builders
     from plan.buffers import STAGED_DOORBELL, STAGED_INPUTS, STAGED_TARGETS, STAGED_WORDS
     kernels = Path(__file__).resolve().parents[1] / "plan" / "kernels"
@@ -194,3 +197,116 @@ def test_every_split_k_consumer_adds_as_many_partials_as_its_producer_wrote(name
             if x.function == "matmul" and c.get("EPILOGUE") == meta.EPI_F32:
                 last_split[args["c_ptr"].buffer] = c["SPLIT_K"]
     assert checked >= 3 * profiles.get(name).layers
+
+
+# fp32 words whose bf16 rounding is easy to get wrong: ±0, ±inf, overflow to inf and its tie,
+# subnormals and their ties, ties to even down and up, one ulp either side of a tie, NaNs of
+# either sign with payloads that truncation would turn into inf
+AWKWARD_WORDS = np.array([
+    0x00000000, 0x80000000, 0x7F800000, 0xFF800000, 0x7F7FFFFF, 0xFF7FFFFF, 0x7F7F7FFF, 0x7F7F8000,
+    0x00000001, 0x80000001, 0x00008000, 0x00018000, 0x007FFFFF, 0x807FFFFF, 0x3F808000, 0x3F818000,
+    0x3F808001, 0x3F807FFF, 0xBF808000, 0x3F800000, 0x7FC00000, 0xFFC00000, 0x7F800001, 0x7F80FFFF,
+    0xFF800001, 0x7FFFFFFF, 0xFFFFFFFF,
+], dtype=np.uint32)
+
+
+@triton.jit
+def _bf16_to_f32(src_ptr, dst_ptr, N, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=mask).to(tl.float32), mask=mask)
+
+
+def test_the_interpreters_bf16_conversions_are_the_references_bit_for_bit():
+    """fp32 → bf16 in a kernel (the product's cast_bf16) under the interpret backend gives the
+    bits reference_numerics.bf16 gives, on the awkward words and on random ones (N not a block
+    multiple); bf16 → fp32 gives back exactly the value those bits stand for."""
+    words = np.concatenate([AWKWARD_WORDS, np.random.default_rng(11).integers(
+        0, 2 ** 32, 4099, dtype=np.uint32)])
+    n = words.size
+    out = torch.full((n + 5,), -1, dtype=torch.int16)
+    cast_bf16[(triton.cdiv(n, 1024),)](torch.from_numpy(words.view(np.float32)),
+                                      out.view(torch.bfloat16), n, BLOCK=1024)
+    got, want = out.numpy()[:n].view(np.uint16), reference_numerics.bf16_bits(words.view(np.float32))
+    bad = np.flatnonzero(got != want)
+    assert bad.size == 0, (f"{bad.size} differ; first fp32 word {words[bad[0]]:#010x}: interpreter "
+                           f"{got[bad[0]]:#06x}, reference {want[bad[0]]:#06x}")
+    assert (out.numpy()[n:] == -1).all(), "the cast wrote past N"
+    assert np.array_equal(want.astype(np.uint32) << 16, ref.bf16(words.view(np.float32)).view(np.uint32))
+    back = torch.full((n,), float("nan"), dtype=torch.float32)
+    _bf16_to_f32[(triton.cdiv(n, 1024),)](out[:n].view(torch.bfloat16), back, n, BLOCK=1024)
+    assert np.array_equal(back.numpy().view(np.uint32), want.astype(np.uint32) << 16)
+    assert np.array_equal(reference_numerics.bf16_bits_to_f32(want).view(np.uint32),
+                          want.astype(np.uint32) << 16)
+
+
+# ---------------------------------------------------------------- one home per shared helper
+
+def _defined(name: str) -> list[str]:
+    """Every `def name` in host/, plan/, staging/ and tools/, as path:line."""
+    root = Path(__file__).resolve().parents[1]
+    return [f"{p.relative_to(root)}:{node.lineno}" for d in ("host", "plan", "staging", "tools")
+            for p in sorted((root / d).rglob("*.py"))
+            for node in ast.walk(ast.parse(p.read_text(encoding="utf-8")))
+            if isinstance(node, ast.FunctionDef) and node.name == name]
+
+
+def test_cdiv_and_next_pow2_have_one_home():
+    from plan import attention_split, ints, launch_builders, launch_matmul, tuning
+    from tools.cost import work
+    assert _defined("cdiv") == ["plan/ints.py:5"] and _defined("next_pow2") == ["plan/ints.py:10"]
+    for module in (attention_split, tuning, launch_builders, launch_matmul, work):
+        assert module.cdiv is ints.cdiv, module.__name__
+    for a in (0, 1, 127, 128, 129, 2 ** 40 + 1):
+        for b in (1, 3, 128):
+            assert ints.cdiv(a, b) == math.ceil(a / b) == -(-a // b), (a, b)
+    assert [ints.next_pow2(n) for n in (1, 2, 3, 352, 512, 513)] == [1, 2, 4, 512, 512, 1024]
+
+
+def test_the_bf16_conversion_has_one_home():
+    from host import backend_interpret
+    assert backend_interpret.bf16_bits is reference_numerics.bf16_bits
+    assert backend_interpret.bf16_bits_to_f32 is reference_numerics.bf16_bits_to_f32
+    for name in ("_f32_to_bf16_bits", "_bf16_bits_to_f32", "f32_to_bf16_bits"):
+        assert _defined(name) == [], name
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_a_checkpoint_chunk_is_the_transfer_window(name):
+    prof = profiles.get(name)
+    assert profiles.CHUNK_BYTES == prof.chunk_bytes == SL.TRANSFER_WINDOW_BYTES
+    assert SL.TRANSFER_WINDOW + SL.TRANSFER_WINDOW_BYTES <= SL.REGION_BYTES
+    assert (prof.chunk_count - 1) * prof.chunk_bytes < prof.payload_bytes <= \
+        prof.chunk_count * prof.chunk_bytes
+
+
+def test_no_command_retypes_the_prediction_rows():
+    """The rows are formatted from profiles.PREDICTION_ROWS wherever they are printed; the digits
+    in a row ('255/511/1023', '255, 511, 1023') appear only where the tuple is defined."""
+    root = Path(__file__).resolve().parents[1]
+    rows = r"\D{1,3}".join(map(str, profiles.PREDICTION_ROWS))
+    typed = [f"{p.relative_to(root)}:{i}" for d in ("host", "plan", "staging")
+             for p in sorted((root / d).rglob("*.py"))
+             for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+             if re.search(rows, line)]
+    assert typed == ["plan/profiles.py:" + str(next(
+        i for i, line in enumerate((root / "plan" / "profiles.py").read_text().splitlines(), 1)
+        if line.startswith("PREDICTION_ROWS =")))], typed
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_each_submission_is_its_named_body_between_stage_in_and_release(name):
+    """launches.BODIES is keyed by the layout's submission names, in its order; a submission is
+    release_stage_in, its body, release; AdamW (t_base) only in the update's fused launches."""
+    from plan.launch_refs import Context
+    prof = profiles.get(name)
+    assert tuple(launches.BODIES) == SL.SUBMISSIONS
+    learners = {"weight_grad", "embed_grad", "embed_decay"}
+    for sub in launches.submissions(prof):
+        body = launches.BODIES[sub.name](Context(prof))
+        assert sub.name == SL.SUBMISSIONS[sub.index]
+        assert [x.function for x in (sub.launches[0], sub.launches[-1])] == [launches.STAGE_IN,
+                                                                            launches.RELEASE]
+        assert [x.label for x in sub.launches[1:-1]] == [x.label for x in body], sub.name
+        updating = {x.function for x in body if "t_base" in dict(x.args)}
+        assert updating == (learners if sub.name == "update" else set()), (sub.name, updating)

@@ -1,4 +1,4 @@
-"""Checkpoint envelope (issue #5): round trips, every SPEC §10 refusal by name, the lock,
+"""Checkpoint envelope: round trips, every CONTRACT §10 refusal by name, the lock,
 open_input's fresh/continuation decision, and a hypothesis fuzz of the header reader."""
 from __future__ import annotations
 
@@ -143,7 +143,7 @@ def test_publish_keeps_previous_mode_and_replaces_inode(tmp_path):
     assert os.stat(p).st_mode & 0o777 == 0o640 and os.stat(p).st_ino != before
 
 
-# --------------------------------------------------------------------- refusals (SPEC §10)
+# --------------------------------------------------------------------- refusals (CONTRACT §10)
 
 def test_refuses_wrong_magic(tmp_path, good):
     msg, handed = refused(write(tmp_path, b"CPLSCKPX" + good[1][8:]))

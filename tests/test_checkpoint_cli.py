@@ -1,4 +1,4 @@
-"""`coppelius checkpoint show|verify` (issue #5): exit codes, one-line refusals, what is shown."""
+"""`coppelius checkpoint show|verify`: exit codes, one-line refusals, what is shown."""
 from __future__ import annotations
 
 import hashlib

@@ -1,4 +1,4 @@
-"""Checkpoint crash consistency (issue #5): kill -9 a publishing process at random moments, and a
+"""Checkpoint crash consistency: kill -9 a publishing process at random moments, and a
 write failure (RLIMIT_FSIZE) mid-publication; the path always loads as the new or the previous
 checkpoint, leftover temporaries are cleaned by the next publish."""
 from __future__ import annotations

@@ -50,7 +50,7 @@ def _demo_recipe() -> str:
 
 
 def test_no_gpu_refusal_names_make_demo(tmp_path):
-    """Issue 16: the refusal a machine without a GPU gives `make run` names a command that works
+    """The refusal a machine without a GPU gives `make run` names a command that works
     from that state, and `make demo` is that command: the interpret backend, the plot, verify."""
     from host import driver
     from host.backend import BackendUnavailable

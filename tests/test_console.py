@@ -1,4 +1,4 @@
-"""Issue 24: a report prints text it did not write as written (paths, hints, device names,
+"""A report prints text it did not write as written (paths, hints, device names,
 messages): rich never reads "[demo]" or "[red]x[/red]" in them as markup, nor ":x:" as an emoji.
 And `coppelius doctor` without a GPU prints its hint once, in a form that works as printed."""
 from __future__ import annotations

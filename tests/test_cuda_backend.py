@@ -155,7 +155,7 @@ def _train_on_cuda(profile, steps: int, pdl: bool, directory) -> tuple[np.ndarra
 @pytest.mark.gpu
 @needs_gpu
 def test_programmatic_edges_change_no_bit(tmp_path):
-    """Issue 14 (programmatic dependent launch): three tiny updates with the plan's programmatic
+    """Programmatic dependent launch: three tiny updates with the plan's programmatic
     edges and three with every edge full leave the same payload and losses bit for bit — a kernel
     that touched memory before its griddepcontrol.wait would race its predecessor here."""
     p = profiles.get("tiny")

@@ -1,4 +1,4 @@
-"""Issue 24: the cuda backend's capture through the fake driver (tools/fake_driver.py) — any
+"""The cuda backend's capture through the fake driver (tools/fake_driver.py) — any
 failure of the programmatic capture falls back to full edges, a failed capture leaves no graph
 behind, and the device check's capture variants (one lane, a no-op side lane) and timings."""
 import numpy as np
@@ -138,3 +138,71 @@ def test_graph_replays_and_launches_alone_are_timed_between_events(fake):
         with pytest.raises(ValueError, match="at least 1"):
             b.time_graph(L.SUBMISSION_UPDATE, repeats=0)
     assert not f.events
+
+
+def _update_graph(f, b):
+    """The fake's nodes of the update graph the backend captured last, and its instantiate flags."""
+    handle = list(f.graphs)[-len(b._graphs) + L.SUBMISSION_UPDATE]
+    return f.graphs[handle], f.instantiate_flags[handle]
+
+
+@pytest.mark.parametrize("first", [launches.SIDE_LANE, launches.MAIN_LANE, None])
+def test_the_capture_gives_the_plans_priority_lane_the_greatest_priority(fake, monkeypatch, first):
+    """Each kernel node of the update graph carries its lane's stream priority: the device's
+    greatest for plan/launch_graph.PRIORITY_LANE, the default 0 for the other, and the graph is
+    instantiated to run nodes at their own priorities.  Pointed at the main lane (which then
+    captures on a stream of its own, forked and joined) or at none, the capture follows: a
+    capture that ignored the plan's choice fails here.  The nodes and edges are the plan's."""
+    from host.backend_cuda import CudaBackend
+    monkeypatch.setattr(launch_graph, "PRIORITY_LANE", first)
+    f = fake((9, 0), priority_range=(0, -3))
+    update = launches.submissions(TINY)[L.SUBMISSION_UPDATE]
+    with CudaBackend(TINY) as b:
+        b.instantiate(3)
+        nodes, flags = _update_graph(f, b)
+        assert b.lane_priorities == {lane: -3 if lane == first else 0 for lane in launches.LANES}
+    assert [n.priority for n in nodes] == [-3 if x.lane == first else 0 for x in update.launches]
+    assert [n.deps for n in nodes] == [frozenset(d) for d in update.deps]
+    assert flags == (0 if first is None else 8)      # CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY
+    assert len({n.stream for n in nodes}) == 2
+    assert (nodes[0].stream == 1) == (first != launches.MAIN_LANE)   # 1: the submission stream
+
+
+@pytest.mark.parametrize("why", ["variant", "device"])
+def test_no_stream_priority_captures_the_same_graph_at_the_default(fake, why):
+    """The device check's "no stream priority" variant (priority=False) and a device whose range
+    is 0..0: every node at the default, no node-priority flag, the plan's nodes and edges; the
+    device without priorities gets a note, the variant none."""
+    from host.backend_cuda import CudaBackend
+    f = fake((9, 0), priority_range=(0, 0) if why == "device" else (0, -5))
+    update = launches.submissions(TINY)[L.SUBMISSION_UPDATE]
+    with CudaBackend(TINY) as b:
+        b.priority = why != "variant"
+        b.instantiate(3)
+        nodes, flags = _update_graph(f, b)
+        assert (b.priority_note is not None) == (why == "device")
+        report = b.priority_report(L.SUBMISSION_UPDATE)
+    assert {n.priority for n in nodes} == {0} and flags == 0
+    assert [n.deps for n in nodes] == [frozenset(d) for d in update.deps]
+    assert report["nodes"] == report["planned"] == [0] * len(update.launches)
+
+
+def test_the_priorities_reported_are_the_drivers(fake, monkeypatch):
+    """A stream's priority is read back from the driver (cuStreamGetPriority: after its clamping),
+    and the doctor's comparison reads the graph's nodes (cuGraphKernelNodeGetAttribute): a driver
+    that left the stream's priority out of its nodes shows as nodes ≠ planned."""
+    from host.backend_cuda import CudaBackend
+    f = fake((9, 0), priority_range=(0, -2))
+    dev = drv.Device()
+    assert drv.Stream(-9).priority == -2 and drv.Stream(7).priority == 0
+    assert drv.Stream().priority == 0
+    dev.close()
+    with CudaBackend(TINY) as b:
+        b.instantiate(3)
+        report = b.priority_report(L.SUBMISSION_UPDATE)
+        assert report["range"] == (0, -2) and report["nodes"] == report["planned"]
+        assert -2 in report["nodes"] and 0 in report["nodes"]
+        unset = type("Value", (), {"priority": 0})
+        monkeypatch.setattr(f, "cuGraphKernelNodeGetAttribute",
+                            lambda node, attr: (CUresult.CUDA_SUCCESS, unset))
+        assert b.priority_report(L.SUBMISSION_UPDATE)["nodes"] != report["planned"]

@@ -150,7 +150,7 @@ def test_a_device_fault_ends_the_run_with_its_tail(fake, tmp_path):
 
 def test_a_surviving_marker_is_a_device_fault(fake, tmp_path):
     """The fake device runs only the releases: the forward record keeps its marker, which the host
-    must treat as a device fault (SPEC §6), not as logits."""
+    must treat as a device fault (CONTRACT §6), not as logits."""
     from host.result_file import read
     from host.run import Request, run
     fake()
@@ -291,7 +291,7 @@ def test_doctor_reports_a_refusal_of_programmatic_edges(fake, capsys):
     assert "every edge full" in graphs["value"] and "cuLaunchKernelEx" in graphs["value"]
 
 
-# ---- first contact (issue 12 item 5): JIT logs, device limits, bindings, safe teardown ----
+# ---- first contact: JIT logs, device limits, bindings, safe teardown ----
 
 COPPELIUS = profiles.get("coppelius")
 
@@ -530,7 +530,7 @@ def test_the_readme_and_the_refusal_hint_state_the_kernels_shared_memory_needs()
 
 @pytest.mark.parametrize("profile", ["tiny", "coppelius"])
 def test_captured_graphs_have_exactly_the_plans_edges(fake, profile, monkeypatch):
-    """Issue 14 round 2: each submission's graph, as the driver would build it from the capture
+    """Each submission's graph, as the driver would build it from the capture
     (per-stream frontiers, event record/wait edges: tools/fake_driver.py), has one node per
     launch, the side lane's launches on a second stream, and exactly the predecessors
     plan/launch_graph.py gives — no edge missing (a race) and none extra (lost overlap).  The
@@ -576,7 +576,7 @@ class _Recorder:
 @pytest.mark.parametrize("cc,pdl,expect", [((9, 0), True, True), ((9, 0), False, False),
                                            ((8, 6), True, False)])
 def test_programmatic_edges_only_where_the_kernels_wait(fake, cc, pdl, expect):
-    """Issue 14: on sm_90a the graphs' plan-allowed edges are captured programmatically through
+    """On sm_90a the graphs' plan-allowed edges are captured programmatically through
     cuLaunchKernelEx (and nothing else is); with pdl=False, or on sm_80 (whose PTX has no
     griddepcontrol: manifest pdl false), every launch is a plain cuLaunchKernel."""
     from host.backend_cuda import CudaBackend

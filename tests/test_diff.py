@@ -1,5 +1,5 @@
-"""`coppelius diff`: bit-identical, first difference, tolerances, volatile fields, exits (issue 6);
---across-backends (issue 12); fleet classes (issue 16)."""
+"""`coppelius diff`: bit-identical, first difference, tolerances, volatile fields, exits;
+--across-backends; fleet classes."""
 from __future__ import annotations
 
 import json
@@ -182,7 +182,7 @@ def test_unreadable_exit_2(tmp_path, capsys):
     assert "shorter than any result file" in capsys.readouterr().err
 
 
-# ------------------------------------------------------------------ --across-backends (issue 12)
+# ------------------------------------------------------------------ --across-backends
 def _patched(syn, **status):
     """A copy of `syn` with status fields replaced (the other parts shared)."""
     st = R.STATUS_BLOCK.unpack(syn.status)
@@ -298,7 +298,7 @@ def test_across_backends_predictions_near_tie(tmp_path, capsys):
     assert rc == 1 and rep["first"]["section"] == "predictions" and rep["first"]["row"] == 255
 
 
-# ------------------------------------------------------------------------ fleet (issue 16)
+# ------------------------------------------------------------------------ fleet
 def _fleet_file(path, syn, k: int) -> None:
     """`syn` written as node k would: the same bits, its own times (wall time, host clocks)."""
     ts = np.frombuffer(syn.timestamps, R.TIMESTAMP_ENTRY.dtype).copy()

@@ -104,6 +104,8 @@ def test_dry_run_figures_are_filled(dry_run):
                                    "identical except time-dependent and environment fields"), t
     assert all(s.get("max_abs", 0) == 0 for s in t["golden_sections"]), t["golden_sections"]
     assert t["tiny"]["steps"] == TINY.steps and t["tiny"]["device_ms_p50"] > 0
+    # step 0's digests against the golden's (interpret on both sides here: every launch equal)
+    assert t["bisect"]["exit"] == 0 and t["bisect"]["same"] and t["bisect"]["first"] is None
     gt = p["gpu-tests"]
     assert gt["counts"] and gt["counts"].get("deselected", 0) >= len(P.COVERED)
     assert gt["covered_by_phases"] == {test: "tiny" for test in P.COVERED}
@@ -146,7 +148,7 @@ def test_dry_run_experiments_and_sanitizer_are_reported(dry_run):
     alone = [r for r in rows if r["name"] == X.SIDE_ALONE and r["variant"] != X.SIDE_SUM]
     assert len(alone) == len(X.side_lane(TINY)) and all(r["per_launch_us"] > 0 for r in alone)
     assert {d["name"] for d in report["decisions"]} == {X.EDGES, X.LANES, X.SIDE_WORK,
-                                                        X.SIDE_ALONE}
+                                                        X.PRIORITY, X.SIDE_ALONE}
     s = {x["name"]: x for x in report["phases"]}["sanitizer"]
     assert "not found" in s["sanitizer"] and "dry run" in s["sanitizer"]
     functions = {x.label: x.function for x in launches.submissions(TINY)[L.SUBMISSION_UPDATE].launches}

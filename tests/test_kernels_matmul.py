@@ -22,7 +22,7 @@ from plan.kernels.matmul import matmul, matmul_delta, matmul_residual, matmul_ro
 from plan.kernels.norms import rmsnorm_rows
 from plan.launch_matmul import matmul_rotary as build_matmul_rotary
 from plan.launch_refs import Context, layer_refs
-from plan.launch_types import cdiv, next_pow2
+from plan.ints import cdiv, next_pow2
 
 RNG = np.random.default_rng(7)
 BLOCK = 32

@@ -22,7 +22,7 @@ from plan.kernels.copy import copy_f32
 from plan.kernels.cross_entropy import cross_entropy, predictions
 from plan.kernels.embed_grad import embed_decay, embed_grad
 from plan.kernels.norms import embed_fwd, residual_norm, rmsnorm_bwd, rmsnorm_bwd_gain
-from plan.launch_types import cdiv, next_pow2
+from plan.ints import cdiv, next_pow2
 
 RNG = np.random.default_rng(11)
 BLOCK_R = 16                   # rows per norm program

@@ -21,7 +21,7 @@ from plan import reference as ref
 from plan.kernels import meta
 from plan.kernels.matmul import matmul
 from plan.kernels.weight_grad import weight_grad
-from plan.launch_types import cdiv
+from plan.ints import cdiv
 
 RNG = np.random.default_rng(14)
 PROF = profiles.get("tiny")

@@ -1,4 +1,4 @@
-"""Issue 14 round 2: the update's side lane races nothing on the main lane.
+"""The update's side lane races nothing on the main lane.
 
 The weight-gradient launches (AdamW in their epilogues) run on a side lane of the update's graph
 (plan/launch_graph.py) and may overlap any main-lane launch the graph does not order with them.
@@ -13,7 +13,7 @@ What is checked, and how the regions are derived (the launch lists carry no read
     over the slab its reference names when the plan made it with `Context.slab` (a per-layer or
     per-norm-site slab of a stacked buffer), the parameter it points into (all three planes) for
     pmv/w16, and the whole buffer otherwise — except `staged` (the issue's input record and
-    doorbell), which only the submission's first launch, release_stage_in, writes (SPEC §7): the
+    doorbell), which only the submission's first launch, release_stage_in, writes (CONTRACT §7): the
     test checks that launch is an ancestor of every side-lane launch and counts the other
     launches' staged arguments as reads.
 So a hazard-free result is a real guarantee for the side lane's side, and at worst a false alarm

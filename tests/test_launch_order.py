@@ -1,4 +1,4 @@
-"""Issue 14: AdamW runs inside the weight-gradient launches and embed_grad, so the update list
+"""AdamW runs inside the weight-gradient launches and embed_grad, so the update list
 itself carries the optimizer's ordering: every parameter is updated exactly once per update, by a
 launch after the last launch that reads it (its bf16 copy or its P plane), and nothing reads a
 parameter once it is updated.  Checked on the launch lists as data, for both profiles."""
@@ -15,7 +15,7 @@ WRITES = {"weight_grad": (("p0_ptr", "M0", "N0"), ("p1_ptr", "M1", "N1")),
           "embed_grad": (("e_ptr", None, None), ("gain0_ptr", None, None),
                          ("gain1_ptr", None, None)),
           "embed_decay": (("e_ptr", None, None),)}
-# E's rows are divided by the data (issue 14 round 3): embed_decay updates the rows no id of the
+# E's rows are divided by the data: embed_decay updates the rows no id of the
 # context holds, at the start; embed_grad the present ones, at the end; embed_fwd reads only
 # present rows.  So E counts as two parameters here: "embed" (present rows) and this one.
 ABSENT = "embed[absent rows]"
@@ -85,7 +85,7 @@ def test_every_parameter_updated_once_after_its_last_reader(name):
     for q, i in updated_at.items():
         assert last_read.get(q, -1) < i, (f"{q} is read by {update[last_read[q]].label} at or "
                                           f"after its update in {update[i].label}")
-    # and in the graph, not only the list (issue 14 round 2: updates run on the side lane):
+    # and in the graph, not only the list (updates run on the side lane):
     # every reader of a parameter finishes before its update starts
     anc = ancestors(launches.submissions(prof)[1].deps)
     for i, launch in enumerate(update):

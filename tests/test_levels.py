@@ -1,4 +1,4 @@
-"""Issue 17 item 1 on the host: each step's context floor and no-copy level, the window of
+"""The floor on the host: each step's context floor and no-copy level, the window of
 loss − floor the progress line and `inspect` show, and no floor for a run on a `--tokens` cache."""
 from __future__ import annotations
 

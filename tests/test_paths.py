@@ -1,4 +1,4 @@
-"""Issue 15: every path a command takes, refused in one line (exit 2) when it is special.
+"""Every path a command takes, refused in one line (exit 2) when it is special.
 
 The kinds: a directory, a FIFO, /dev/zero, /dev/null, a missing path, a dangling symbolic link, a
 path through a file (ENOTDIR), a symbolic-link loop (ELOOP), a 300-character name (ENAMETOOLONG).

@@ -91,11 +91,12 @@ def test_semaphores_carry_payload_and_ordered_timestamps(run):
         assert pre[8:].view("<u8")[0] <= fin[8:].view("<u8")[0] != 0
 
 
-def test_update_submission_reproduces_train_step(run):
+def test_update_submission_reproduces_the_references(run):
     n = PROFILE.parameter_count
     P = run["P"]
     zeros = np.zeros_like(P)
-    ce, G, P2, M2, V2 = ref.train_step(PROFILE, P, zeros, zeros, 1, run["ids"][:-1], run["ids"][1:])
+    ce, G, P2, M2, V2 = ref.update_submission(PROFILE, P, zeros, zeros, 1, run["ids"][:-1],
+                                              run["ids"][1:])
     assert_close("loss record", run["loss_record"], ce, LOSS_ROWS)
     assert np.array_equal(run["loss_block"][SL.W0_LAST_CE], run["loss_record"]), "w0 != loss record"
     pmv = run["pmv"]
@@ -124,15 +125,17 @@ def test_update_submission_reproduces_train_step(run):
     decayed = P * np.where(ref.decay_mask(PROFILE), c["decay"], np.float32(1))
     P_from_mv = decayed - (Mk * c["step_size"]) / (np.sqrt(Vk) / c["bc2_sqrt"] + c["eps"])
     assert_close("P from the kernels' M and V", Pk, P_from_mv, ADAMW_ON_KERNEL_GRAD)
-    # and against train_step: M and V follow the gradient; the first step moves P by ±lr·sign(g),
-    # so P differs where g is within the gradient tolerance of 0 — bounded by 2·lr there
+    # and against the reference's update_submission: M and V follow the gradient; the first step
+    # moves P by ±lr·sign(g), so P differs where g is within the gradient tolerance of 0 — bounded
+    # by 2·lr there
     assert_close("M", Mk, M2, GRADIENT)
     assert_close("V", Vk, V2, 2 * GRADIENT)
     lr = float(PROFILE.learner.lr)
     dp = np.abs(Pk - P2)
-    assert dp.max() <= 2 * lr * 1.001, f"P moved by {dp.max()} > 2·lr from train_step"
+    assert dp.max() <= 2 * lr * 1.001, f"P moved by {dp.max()} > 2·lr from update_submission"
     firm = np.abs(G) > 100 * float(PROFILE.learner.epsilon)      # |g| ≫ eps: the step is ±lr·(1 − ε)
-    assert dp[firm].max() <= 1e-6, f"P differs from train_step by {dp[firm].max()} where |g| > 1e-6"
+    assert dp[firm].max() <= 1e-6, \
+        f"P differs from update_submission by {dp[firm].max()} where |g| > 1e-6"
 
 
 def test_final_submission_reproduces_forward_with_final_parameters(run):

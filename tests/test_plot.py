@@ -1,4 +1,4 @@
-"""Issue 16 item 3: `inspect --plot` — loss, device time and host gap on shared step axes,
+"""`inspect --plot` — loss, device time and host gap on shared step axes,
 publications and the run's end marked; tested by rendering (artists and the PNG's pixels)."""
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from production.programs import (matmul_pid, matmul_split, matmul_tile, run_prog
 from plan import launches, profiles
 from plan.buffers import BufferSpec, buffers
 from plan.kernels import meta
-from plan.launch_types import cdiv
+from plan.ints import cdiv
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILE = profiles.get("coppelius")

@@ -1,4 +1,5 @@
-"""Profiles: parameter counts, every parameter offset, identity strings byte for byte (SPEC §3–§4, §10)."""
+"""Profiles: parameter counts, every parameter offset, identity strings byte for byte
+(CONTRACT §3–§4, §10)."""
 import pytest
 
 from plan import profiles
@@ -18,7 +19,7 @@ TINY_IDENTITIES = {
 
 
 def expected_table(V, D, L, Hd, Gd, F):
-    """An independent spelling of SPEC §3's parameter order: (name, shape, offset, decay)."""
+    """An independent spelling of CONTRACT §3's parameter order: (name, shape, offset, decay)."""
     rows, off = [], 0
     def add(name, shape, decay):
         nonlocal off

@@ -1,4 +1,4 @@
-"""Issue 15: the three readers against mutated files (hypothesis, derandomized).
+"""The three readers against mutated files (hypothesis, derandomized).
 
 Checkpoint, token cache and result file each get bit flips, truncations, appended bytes and
 rewritten header fields — for the checkpoint *resealed* (the header digest recomputed after the

@@ -1,6 +1,6 @@
 """init_parameters against an independent draw: Philox4x64-10 and Box–Muller written here from scratch.
 
-numpy's `Philox` is Philox4x64-10 (SPEC §4's "4x32" is a misnomer; the numpy call it names is what
+numpy's `Philox` is Philox4x64-10 (CONTRACT §4's "4x32" is a misnomer; the numpy call it names is what
 counts): key (seed, 0), counter (1, 0, 0, 0) for the first block, four 64-bit words a block.
 Value k of the matrix stream uses words 2k and 2k+1, so any element can be drawn on its own.
 """

@@ -1,4 +1,5 @@
-"""One production-size reference train_step on the CPU: time, loss at initialization, update bounds."""
+"""One production-size reference update_submission on the CPU: time, loss at initialization,
+update bounds."""
 from __future__ import annotations
 
 import math
@@ -17,7 +18,7 @@ STEP_BUDGET_S = 120.0           # one production step's bound; measured ≈ 10 s
 
 
 @pytest.mark.slow
-def test_production_train_step():
+def test_production_update_submission():
     t0 = time.perf_counter()
     P = R.init_parameters(PROD)
     t_init = time.perf_counter() - t0
@@ -26,12 +27,12 @@ def test_production_train_step():
     M = np.zeros_like(P)
     V = np.zeros_like(P)
     t0 = time.perf_counter()
-    ce, G, P1, M1, V1 = R.train_step(PROD, P, M, V, 1, toks[:-1], toks[1:])
+    ce, G, P1, M1, V1 = R.update_submission(PROD, P, M, V, 1, toks[:-1], toks[1:])
     t_step = time.perf_counter() - t0
     loss = float(ce.mean())
-    print(f"production: init {t_init:.1f} s, train_step {t_step:.1f} s, loss {loss:.4f} "
+    print(f"production: init {t_init:.1f} s, update_submission {t_step:.1f} s, loss {loss:.4f} "
           f"(ln V = {math.log(PROD.vocab):.4f})")
-    assert t_step < STEP_BUDGET_S, f"train_step took {t_step:.0f} s"
+    assert t_step < STEP_BUDGET_S, f"update_submission took {t_step:.0f} s"
     assert ce.shape == (PROD.context,) and np.isfinite(ce).all()
     assert abs(loss - math.log(PROD.vocab)) < LOSS_NEAR_LN_V, loss
     assert np.isfinite(G).all()

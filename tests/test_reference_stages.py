@@ -136,12 +136,12 @@ def test_forward_trace_names_and_determinism():
     assert ce.tobytes() == R.cross_entropy(logits, toks[1:]).tobytes()
 
 
-def test_train_step_does_not_read_uninitialized_memory(monkeypatch):
+def test_update_submission_does_not_read_uninitialized_memory(monkeypatch):
     """Every np.empty buffer is fully written: poison them with NaN and get the same bytes."""
     P = R.init_parameters(TINY)
     toks = np.random.default_rng(15).integers(0, TINY.vocab, TINY.context + 1)
     z = np.zeros_like(P)
-    clean = R.train_step(TINY, P, z, z, 1, toks[:-1], toks[1:])
+    clean = R.update_submission(TINY, P, z, z, 1, toks[:-1], toks[1:])
     empty, empty_like = np.empty, np.empty_like
     poisoned = []
 
@@ -153,7 +153,7 @@ def test_train_step_does_not_read_uninitialized_memory(monkeypatch):
 
     monkeypatch.setattr(np, "empty", lambda *a, **k: poison(empty(*a, **k)))
     monkeypatch.setattr(np, "empty_like", lambda *a, **k: poison(empty_like(*a, **k)))
-    dirty = R.train_step(TINY, P, z, z, 1, toks[:-1], toks[1:])
+    dirty = R.update_submission(TINY, P, z, z, 1, toks[:-1], toks[1:])
     assert max(poisoned) >= TINY.parameter_count, "the gradient plane was not poisoned"
     for name, a, b in zip(("ce", "grad", "P", "M", "V"), clean, dirty):
         bad = np.flatnonzero(a.view(np.uint32) != b.view(np.uint32))
@@ -185,4 +185,4 @@ def test_refusals_name_the_field():
     with pytest.raises(ValueError, match="P plane"):
         R.forward(TINY, P[:-1], ok)
     with pytest.raises(ValueError, match="M plane"):
-        R.train_step(TINY, P, P[:-1], P, 1, ok, ok)
+        R.update_submission(TINY, P, P[:-1], P, 1, ok, ok)

@@ -1,6 +1,6 @@
 """The numpy reference against an outside implementation: torch autograd with the same bf16 points.
 
-The torch model below is written from SPEC §3 alone: autograd derives every backward formula;
+The torch model below is written from CONTRACT §3 alone: autograd derives every backward formula;
 only the matrix products are custom functions, because NUMERICS.md rounds the *operands* of the
 backward products to bf16 as well (a plain `.bfloat16()` cast would round their results instead).
 Profile `tiny`; tolerances are per tensor, relative to the tensor's largest magnitude.
@@ -96,7 +96,7 @@ def _rope(x, cos, sin):              # x (T, n, d)
 
 
 def torch_model(profile, params: dict, inputs, targets, bf16: bool = True):
-    """SPEC §3 in torch → (logits (T, V), ce (T,)); params name → tensor (requires_grad)."""
+    """CONTRACT §3 in torch → (logits (T, V), ce (T,)); params name → tensor (requires_grad)."""
     T, d, H, G = profile.context, profile.head_dim, profile.heads, profile.kv_heads
     mm = _BfMatmul.apply if bf16 else torch.matmul
     stored = _BfStored.apply if bf16 else (lambda x: x)

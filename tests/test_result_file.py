@@ -1,4 +1,4 @@
-"""Issue 6: result-file writer → reader round trips, every field, both profiles, every outcome."""
+"""Result-file writer → reader round trips, every field, both profiles, every outcome."""
 from __future__ import annotations
 
 import os
@@ -217,3 +217,30 @@ def test_timing_helpers(tmp_path):
     assert gaps[2] == int(ts["host_issue_ns"][3]) - int(ts["host_fence_ns"][2])
     assert np.allclose(rf.step_losses(), syn.windows.astype(np.float64).mean(axis=1),
                        rtol=0, atol=1e-12)
+
+
+def test_the_notifier_is_cleared_to_zero_bytes_on_poisoned_staging():
+    """A run's clearing leaves every notifier byte 0 but `step` (0xFFFFFFFF): `reason` is 40 NULs,
+    not the digit "0" that a structured fill(0) would store there."""
+    from host.run_records import Notifier
+    views = StagingViews(allocate_host(), P.get("tiny"))    # poisoned: every byte 0xA5
+    Notifier(views.error_notifier[0], ring=None)            # the ring is read only when filled
+    want = bytes(20) + R.NOTIFIER_NO_STEP.to_bytes(4, "little") + bytes(40)   # offsets 20, 24
+    got = views.error_notifier.tobytes()
+    assert got == want, f"first differing byte {next(i for i in range(64) if got[i] != want[i])}"
+
+
+@pytest.mark.parametrize("time_ns,status,warning", [
+    (1, R.NOTIFIER_STATUS_NONE, None),
+    (0, R.NOTIFIER_STATUS_NONE, "outcome interrupted but the error notifier is not filled"),
+    (1, R.NOTIFIER_STATUS_ERROR, "outcome interrupted but the error notifier holds an error"),
+])
+def test_an_interrupted_runs_notifier_is_filled_with_status_none(tmp_path, time_ns, status,
+                                                                 warning):
+    prof = P.get("tiny")
+    syn = synthesize(prof, outcome=R.OUTCOME_INTERRUPTED, steps=3)
+    fields = R.ERROR_NOTIFIER.unpack(syn.error_notifier)
+    syn.error_notifier = R.ERROR_NOTIFIER.pack(**dict(fields, time_ns=time_ns, status=status))
+    syn.write(tmp_path / "r.res")
+    warnings = RF.read(tmp_path / "r.res").warnings()
+    assert warnings == ([] if warning is None else [warning])

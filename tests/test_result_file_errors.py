@@ -1,4 +1,4 @@
-"""Issue 6: truncated files, trailing bytes and non-result files are refused with one-line reasons."""
+"""Truncated files, trailing bytes and non-result files are refused with one-line reasons."""
 from __future__ import annotations
 
 import numpy as np

@@ -1,9 +1,11 @@
-"""End to end from the command line: tiny profile, interpret backend, no GPU (issue 8).
+"""End to end from the command line: tiny profile, interpret backend, no GPU.
 
 One module-scoped complete run is shared by several checks (the interpreter is slow on 2 cores):
-a second complete run in another directory must be bit-identical to it (`coppelius diff`), so must
-the committed golden (tests/golden/), and an interrupted run continued by a fresh process must
-reproduce its overlapping loss windows exactly.
+the committed golden (tests/golden/, made by another process) must be bit-identical to it
+(`coppelius diff`), and an interrupted run continued by a fresh process in another directory must
+reproduce its loss windows and its final checkpoint byte for byte — a second run compared with the
+first.  (Two complete runs side by side, diffed, are the device check's tiny phase, which
+tests/test_gpu_check.py runs dry: 149 s here were a third copy of the same run.)
 """
 import os
 import signal
@@ -55,16 +57,6 @@ def test_complete_run_size_and_verify(complete):
     # the checkpoint holds the final update count
     r = cli("checkpoint", "verify", d / "tiny.ckpt", "--profile", "tiny")
     assert r.returncode == 0, r.stderr
-
-
-def test_two_runs_are_bit_identical(complete, tmp_path):
-    d, _ = complete
-    (tmp_path / "tiny.ckpt").write_bytes(b"")
-    r = cli(*run_args(tmp_path))
-    assert r.returncode == 0, r.stderr[-3000:]
-    r = cli("diff", d / "result.bin", tmp_path / "result.bin")
-    assert r.returncode == 0, r.stdout[-3000:]
-    assert (d / "tiny.ckpt").read_bytes() == (tmp_path / "tiny.ckpt").read_bytes()
 
 
 def test_the_complete_run_reproduces_the_golden(complete):

@@ -1,4 +1,4 @@
-"""Issue 15 items 3–5 at the run level: a refused or early-interrupted run writes nothing, every
+"""Refusals at the run level: a refused or early-interrupted run writes nothing, every
 spelling of a checkpoint takes one lock, a failed publication's notifier reason starts with its
 cause, and the closing lines stay one line each at any width.
 
@@ -87,7 +87,7 @@ def digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-# ----------------------------------------------------------- item 3: nothing left behind
+# ----------------------------------------------------------------- nothing left behind
 
 def test_a_refused_payload_leaves_no_result_and_the_corrected_rerun_succeeds(fake, tmp_path,
                                                                             capsys):
@@ -139,7 +139,7 @@ def test_the_writer_removes_only_a_file_it_created(tmp_path):
     assert (tmp_path / "raced.bin").read_bytes() == b"old"
 
 
-# ---------------------------------------------------------------- item 4: one lock per file
+# ---------------------------------------------------------------------- one lock per file
 
 def test_every_spelling_of_a_checkpoint_takes_the_same_lock(tmp_path):
     real = tmp_path / "real.ckpt"
@@ -182,7 +182,7 @@ def test_a_run_through_a_symlink_publishes_to_its_target(fake, tmp_path, capsys)
     assert C.read_header(real)[0].update_count == TINY.steps
 
 
-# ---------------------------------------------------------------------- item 5: messages
+# ------------------------------------------------------------------------------ messages
 
 def test_a_full_disk_names_its_cause_first_and_the_line_is_not_wrapped(fake, tmp_path, capsys,
                                                                       monkeypatch):

@@ -1,4 +1,5 @@
-"""Staging layout (SPEC §6) and record layouts (SPEC §7–§8): every offset pinned, records round-trip."""
+"""Staging layout (CONTRACT §6) and record layouts (CONTRACT §7–§8): every offset pinned, records
+round-trip."""
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -44,7 +45,7 @@ def test_result_file_size_formula():
 @pytest.mark.parametrize("name", ["coppelius", "tiny"])
 @pytest.mark.parametrize("steps,issues", [(0, 0), (1, 3), (7, 2), (10000, 10002)])
 def test_result_file_size_is_the_spec_formula(name, steps, issues):
-    """SPEC §9 spelled out: the section table must add up to it, section by section."""
+    """CONTRACT §9 spelled out: the section table must add up to it, section by section."""
     p = profiles.get(name)
     V = p.vocab
     want = [3 * V * 4, 4096 * steps, 160, 16384, V * 4, 32 * 3, 64, 160, 64 * issues]

@@ -1,4 +1,4 @@
-"""Issue 14 item 2, SPEC §7: mapped host memory is read once per issue — a submission's first launch
+"""CONTRACT §7: mapped host memory is read once per issue — a submission's first launch
 (release_stage_in) copies the input record and the doorbell into device memory, and no later
 launch reads staging.  Later launches may still *write* staging (the loss record, the windows,
 the records, the predictions, the final release's semaphore record): those parameters are listed

@@ -17,7 +17,7 @@ import pytest
 
 import stub_driver
 from host import ptx
-from plan import profiles, reference
+from plan import launch_graph, launches, profiles, reference
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = Path(__file__).resolve().parent / "stub_cuda" / "scenarios.py"
@@ -83,6 +83,24 @@ def test_doctor_passes_through_the_real_bindings(stub, tmp_path, profile, cc, ta
     assert counts["released"] == 1                      # the smoke launch ran
     assert counts["captured"] > len(functions)          # three submissions' graphs
     assert (counts["programmatic"] > 0) == (target == "sm_90a")
+    # the plan's priority lane at the greatest priority, node by node, in all three graphs
+    first = launch_graph.PRIORITY_LANE
+    assert counts["priority_nodes"] == sum(x.lane == first for s in launches.submissions(
+        profiles.get(profile)) for x in s.launches) > 0
+    assert counts["node_priority_graphs"] == 3 and checks["stream priorities"]["ok"]
+    assert "range 0 (least) to -5 (greatest)" in checks["stream priorities"]["value"]
+
+
+def test_doctor_on_a_device_without_stream_priorities(stub, tmp_path):
+    """Range 0..0: every lane at the default, no node-priority flag, a note; doctor passes."""
+    log = tmp_path / "stub.log"
+    done = through_stub(stub, log, "-m", "host.cli", "doctor", "--profile", "tiny", "--json",
+                        COPPELIUS_STUB_PRIORITIES="0,0")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    line = next(c for c in json.loads(done.stdout)["checks"] if c["name"] == "stream priorities")
+    assert line["ok"] and "no stream priorities (range 0..0)" in line["value"]
+    counts = assert_clean(log)
+    assert counts["priority_nodes"] == counts["node_priority_graphs"] == 0
 
 
 def _run(stub, tmp_path, log, name: str, checkpoint: Path) -> dict:
@@ -174,6 +192,9 @@ RULES = {   # scenario: ({step: CUresult name}, [a fragment of each violation li
                     ["sm_100a cannot be compiled", "Unsupported .version 9.9"]),
     "no_context": ({"without": "CUDA_ERROR_INVALID_CONTEXT", "with": OK},
                    ["no current context on this thread"]),
+    "stream_priority": ({k: OK for k in ("range", "inside", "outside", "begin", "captured",
+                                         "instantiate")},
+                        ["priority -6 outside the range 0 (least) to -5 (greatest)"]),
 }
 
 
@@ -192,6 +213,10 @@ def test_each_rule_fires_beside_a_control_that_passes(stub, tmp_path, scenario):
         assert fragment in line
     if scenario == "jit_refusal":       # the JIT's error log, in the caller's buffer
         assert got["target_log"].startswith("ptxas fatal") and "9.9" in got["version_log"]
+    if scenario == "stream_priority":   # clamped; the captured node took its stream's priority
+        assert (got["least"], got["greatest"], got["default_priority"]) == (0, -5, 0)
+        assert got["inside_priority"] == got["outside_priority"] == -5
+        assert (got["nodes"], got["node_type"], got["node_priority"]) == (1, 0, -5)
 
 
 def test_a_graph_replay_runs_the_release_kernel_for_real(stub, tmp_path):

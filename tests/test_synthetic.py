@@ -1,4 +1,4 @@
-"""Issues 3 and 17: the embedded stream — determinism, structure, the exact floor per context."""
+"""The embedded stream — determinism, structure, the exact floor per context."""
 from __future__ import annotations
 
 import hashlib
@@ -20,7 +20,7 @@ from staging.tokens import TokenCache
 
 ROOT = Path(__file__).resolve().parents[1]
 FLOOR_TOLERANCE_SIGMAS = 4.0
-GENERATION_BUDGET_S = 10.0         # issue 17: the stream is generated in at most 10 s
+GENERATION_BUDGET_S = 10.0         # the stream is generated in at most 10 s
 EXACT = 1e-12                      # per-context floor vs a perfect model: float rounding only
 AWKWARD = S.Design(block=32, copy_reach=3, successors=2, content_max=97)
 
@@ -234,7 +234,7 @@ def coppelius_stream():
 
 
 def test_coppelius_stream_fast_pinned_and_exact(coppelius_stream):
-    """Issue 17: generation ≤ 10 s on the 2-core machine; ids < V; the pinned bytes; the floor of
+    """Generation ≤ 10 s on the 2-core machine; ids < V; the pinned bytes; the floor of
     the first contexts equal to a perfect model's mean −log p_true (docs/STREAM.md's table)."""
     p, x, wall, cpu = coppelius_stream
     print(f"coppelius stream generated in {wall:.2f} s wall, {cpu:.2f} s CPU")

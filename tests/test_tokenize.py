@@ -1,4 +1,4 @@
-"""Issue #3: the shipped BPE tokenizer and `coppelius tokenize` — round trips, cache bytes, refusals."""
+"""The shipped BPE tokenizer and `coppelius tokenize` — round trips, cache bytes, refusals."""
 from __future__ import annotations
 
 import time
@@ -142,7 +142,7 @@ def test_refusals(tmp_path, capsys):
     refused(capsys, tokenize(src / "a.py", "-o", tmp_path / "y", "--profile", "nano"), "nano")
 
 
-# ---- issue 16: worker processes, the same bytes for every --jobs ----
+# ---- worker processes, the same bytes for every --jobs ----
 
 from host import cmd_tokenize  # noqa: E402
 

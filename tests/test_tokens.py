@@ -1,4 +1,4 @@
-"""Issue #3: token caches — memory-mapped open, every SPEC §5 refusal, staging of input records."""
+"""Token caches — memory-mapped open, every CONTRACT §5 refusal, staging of input records."""
 from __future__ import annotations
 
 import os

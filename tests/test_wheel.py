@@ -1,4 +1,4 @@
-"""Issue 24: a built wheel runs.  The wheel ships everything a run reads (the code, kernels_ptx/,
+"""A built wheel runs.  The wheel ships everything a run reads (the code, kernels_ptx/,
 plan/data/), and `coppelius doctor` run from the installation, with the checkout nowhere on the
 path and the cwd outside it, finds every PTX module of both profiles and verifies its digest."""
 from __future__ import annotations

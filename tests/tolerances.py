@@ -38,5 +38,5 @@ LOGITS = 2e-3               # whole-model logits, of max|logit| (measured 1.7e-4
 LOSS_ROWS = 1e-4            # per-row ce, of max ce (measured 6e-5)
 GRADIENT = 1e-2             # per-parameter gradient, of its max (measured 3e-3)
 
-# One production-size reference train_step (test_reference_production.py), absolute in nats:
+# One production-size reference update_submission (test_reference_production.py), absolute in nats:
 LOSS_NEAR_LN_V = 0.25       # |mean ce − ln V| at init: logits ~ N(0, 0.45²) add ≈ 0.1 nats

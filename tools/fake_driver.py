@@ -14,7 +14,8 @@ whose dependencies are its stream's frontier; cuEventRecord on a capturing strea
 frontier and cuStreamWaitEvent adds it to the waiting stream's (a stream not yet capturing joins
 the capture); cuStreamEndCapture refuses a capture whose other streams are not joined back.  The
 captured nodes and their edges are kept (`graphs[handle]`: `Node`s) so a test can compare them
-with the plan's dependency graph; a graph launch runs the nodes in capture order.
+with the plan's dependency graph; a graph launch runs the nodes in capture order.  A captured
+kernel node takes its stream's priority (clamped to a configurable range), as the driver's do.
 """
 from __future__ import annotations
 
@@ -56,6 +57,7 @@ class Node:
     stream: int
     launch: tuple | None = None
     programmatic: bool = False     # its edge to its stream's previous node is programmatic
+    priority: int = 0              # a kernel's: its stream's, copied at capture as the driver does
 
 
 @dataclass
@@ -67,9 +69,9 @@ class Capture:
     frontier: dict = field(default_factory=dict)
     events: dict = field(default_factory=dict)
 
-    def add(self, stream, run, launch=None, programmatic=False) -> None:
+    def add(self, stream, run, launch=None, programmatic=False, priority=0) -> None:
         self.nodes.append(Node(run, frozenset(self.frontier[stream]), stream, launch,
-                               programmatic))
+                               programmatic, priority))
         self.frontier[stream] = frozenset({len(self.nodes) - 1})
 
     def ancestors(self, nodes) -> set:
@@ -100,6 +102,15 @@ class _Device:
     def cuCtxSetCurrent(self, ctx): return (OK,)
     def cuStreamCreate(self, flags):
         self.streams += 1
+        return (OK, self.streams)
+
+    def cuCtxGetStreamPriorityRange(self): return (OK, *self.priority_range)
+    def cuStreamGetPriority(self, s): return (OK, self.stream_priorities.get(s, 0))
+
+    def cuStreamCreateWithPriority(self, flags, priority):
+        least, greatest = self.priority_range
+        self.streams += 1
+        self.stream_priorities[self.streams] = min(max(priority, greatest), least)   # clamped
         return (OK, self.streams)
 
     def cuStreamWaitEvent(self, stream, event, flags):
@@ -159,7 +170,8 @@ class _Device:
     def _op(self, fn, stream, launch=None, programmatic=False):
         """Run `fn` now, or — on a stream taking part in a capture — make it a graph node."""
         if self.capturing is not None and stream in self.capturing.frontier:
-            self.capturing.add(stream, fn, launch, programmatic)
+            self.capturing.add(stream, fn, launch, programmatic,
+                               self.stream_priorities.get(stream, 0) if launch else 0)
         else:
             fn()
         return (OK,)
@@ -331,7 +343,16 @@ class _Graphs:
         if graph not in self.live_graphs:
             return (CUresult.CUDA_ERROR_INVALID_HANDLE, None)
         self.live_execs.add(("exec", graph))
+        self.instantiate_flags[graph] = int(flags)
         return (OK, ("exec", graph))
+
+    def cuGraphGetNodes(self, graph, n):        # a node: (graph, index); n = 0 asks the count
+        nodes = [(graph, k) for k in range(len(self.graphs[graph]))]
+        return (OK, nodes[:n], min(n, len(nodes)) if n else len(nodes))
+    def cuGraphNodeGetType(self, node):         # 0: kernel, 1: memcpy (every other operation)
+        return (OK, 0 if self.graphs[node[0]][node[1]].launch is not None else 1)
+    def cuGraphKernelNodeGetAttribute(self, node, attr):
+        return (OK, SimpleNamespace(priority=self.graphs[node[0]][node[1]].priority))
 
     def cuGraphLaunch(self, exec_, stream):
         if self.hang:
@@ -369,6 +390,9 @@ class FakeDriver(_Graphs, _Modules, _Device):
     CUstream_flags = SimpleNamespace(CU_STREAM_NON_BLOCKING=1)
     CUevent_flags = SimpleNamespace(CU_EVENT_DEFAULT=0, CU_EVENT_DISABLE_TIMING=2)
     CUstreamCaptureMode = SimpleNamespace(CU_STREAM_CAPTURE_MODE_THREAD_LOCAL=1)
+    CUgraphInstantiate_flags = SimpleNamespace(CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY=8)
+    CUgraphNodeType = SimpleNamespace(CU_GRAPH_NODE_TYPE_KERNEL=0)
+    CUkernelNodeAttrID = SimpleNamespace(CU_LAUNCH_ATTRIBUTE_PRIORITY=8)
     CUlaunchAttributeID = SimpleNamespace(CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION=6)
     CUlaunchAttribute = staticmethod(lambda: SimpleNamespace(
         id=0, value=SimpleNamespace(programmaticStreamSerializationAllowed=0)))
@@ -389,11 +413,12 @@ class FakeDriver(_Graphs, _Modules, _Device):
     def __init__(self, cc=(9, 0), fail_graph_launch: CUresult | None = None,
                  shared_optin: int | None = None, jit_errors: dict | None = None,
                  functions: dict | None = None, hang: bool = False,
-                 refuse_programmatic: CUresult | None = None):
+                 refuse_programmatic: CUresult | None = None, priority_range=(0, -5)):
         """`jit_errors`: entry name -> error log of a module the JIT refuses; `functions`: entry
         name -> attribute overrides ({"regs", "local", "static_shared", "max_threads",
         "spill"}); `hang`: graph launches never finish (the stream stays busy);
-        `refuse_programmatic`: cuLaunchKernelEx with programmatic serialization returns it."""
+        `refuse_programmatic`: cuLaunchKernelEx with programmatic serialization returns it;
+        `priority_range`: (least, greatest) stream priority ((0, 0): a device without)."""
         self.cc = cc
         self.fail_graph_launch = fail_graph_launch
         self.shared_optin = SHARED_OPTIN.get(cc, 101376) if shared_optin is None else shared_optin
@@ -401,6 +426,9 @@ class FakeDriver(_Graphs, _Modules, _Device):
         self.functions = functions or {}
         self.hang = hang
         self.refuse_programmatic = refuse_programmatic
+        self.priority_range = priority_range
+        self.stream_priorities = {}    # stream handle -> priority (streams made without: 0)
+        self.instantiate_flags = {}    # graph handle -> the flags of its last cuGraphInstantiate
         self.busy = False              # a hung graph launch is "running"
         self.shared_opt_ins = {}       # function -> dynamic shared bytes allowed
         self.allocations = {}          # device ptr -> ctypes buffer

@@ -10,7 +10,7 @@
 #   bash tools/gpu_check.sh --dry-run                   # anywhere: fake driver / interpreter / CPU
 #   bash tools/gpu_check.sh 2>&1 | tee $OUT/check.log   # also keeps the output (one of the 8 files)
 #
-# Time plan (docs/PERFORMANCE.md, "Issue 12 — the device check"): the default budget of 320 s is
+# Time plan (docs/PERFORMANCE.md, "The device check: its time plan"): the default budget of 320 s is
 # the wall limit of 360 s less the 30 s a running phase may overrun it and 10 s of start and last
 # report.  A machine's start (up to 2 min) + 360 s + 30 s held idle, then a rerun on a fresh
 # machine (2 min + 210 s + 30 s), is 870 s: inside a task's 15 minutes of machine time.

@@ -1,8 +1,9 @@
-"""AdamW (NUMERICS.md §AdamW) as jit helpers — the bias corrections and the per-element update —
-used by every kernel that updates parameters: the weight-gradient epilogues (matrices,
-plan/kernels/weight_grad.py), embed_grad and embed_decay (E and the two gains).  (The whole-plane
-form of the same update is the tests' oracle, tests/adamw_oracle.py.)  And the plain P → bf16 cast
-that refreshes the copy after a load or a fresh init.
+"""AdamW (NUMERICS.md §AdamW) as jit helpers — the bias corrections, the per-element update and
+the streamed P/M/V loads and stores — used by every kernel that updates parameters: the
+weight-gradient epilogues (matrices, plan/kernels/weight_grad.py), embed_grad and embed_decay (E
+and the two gains).  (The whole-plane form of the same update is the tests' oracle,
+tests/adamw_oracle.py.)  And the plain P → bf16 cast that refreshes the copy after a load or a
+fresh init.
 
 t = t_base + doorbell (NUMERICS.md; the doorbell is the device copy the submission's first launch
 stages): the bias corrections are formed per program in float64 (β^t by binary exponentiation
@@ -52,25 +53,22 @@ def adamw_update(p, m, v, g, step_size, bc2_sqrt, BETA1: tl.constexpr,
 
 
 @triton.jit
-def adamw_tile(p_ptr, offs, mask, g, STRIDE, step_size, bc2_sqrt, DECAYED: tl.constexpr,
-               DECAY: tl.constexpr, BETA1: tl.constexpr, ONE_MINUS_BETA1: tl.constexpr,
-               BETA2: tl.constexpr, ONE_MINUS_BETA2: tl.constexpr, EPS: tl.constexpr):
-    """AdamW on the elements `offs` of one parameter whose gradient g is in registers: P at p_ptr,
-    M and V STRIDE and 2·STRIDE elements further; P, M, V stored back, the new p returned.  Each
-    plane is loaded, updated and stored in turn (m, v, then p: NUMERICS order; the same fp32
-    operations as adamw_update), which keeps fewer tiles live in registers."""
-    m = tl.load(p_ptr + STRIDE + offs, mask=mask, other=0.0)
-    m = BETA1 * m + ONE_MINUS_BETA1 * g
-    tl.store(p_ptr + STRIDE + offs, m, mask=mask)
-    v = tl.load(p_ptr + 2 * STRIDE + offs, mask=mask, other=0.0)
-    v = BETA2 * v + (ONE_MINUS_BETA2 * g) * g
-    tl.store(p_ptr + 2 * STRIDE + offs, v, mask=mask)
-    p = tl.load(p_ptr + offs, mask=mask, other=0.0)
-    if DECAYED:
-        p = p * DECAY
-    p = p - tl.div_rn(step_size * m, tl.div_rn(tl.sqrt_rn(v), bc2_sqrt) + EPS)
-    tl.store(p_ptr + offs, p, mask=mask)
-    return p
+def load_pmv(p_ptr, offs, mask, STRIDE):
+    """(p, m, v) of the elements `offs` of one parameter: P at p_ptr, M and V STRIDE and 2·STRIDE
+    elements further.  Streamed: each is read once per update, so it is marked to leave L2 first
+    and not push out what the main lane's launches read again."""
+    p = tl.load(p_ptr + offs, mask=mask, other=0.0, eviction_policy="evict_first")
+    m = tl.load(p_ptr + STRIDE + offs, mask=mask, other=0.0, eviction_policy="evict_first")
+    v = tl.load(p_ptr + 2 * STRIDE + offs, mask=mask, other=0.0, eviction_policy="evict_first")
+    return p, m, v
+
+
+@triton.jit
+def store_pmv(p_ptr, offs, mask, STRIDE, p, m, v):
+    """load_pmv's planes written back, streaming (`.cs`: the next read is the next update's)."""
+    tl.store(p_ptr + STRIDE + offs, m, mask=mask, cache_modifier=".cs")
+    tl.store(p_ptr + 2 * STRIDE + offs, v, mask=mask, cache_modifier=".cs")
+    tl.store(p_ptr + offs, p, mask=mask, cache_modifier=".cs")
 
 
 @triton.jit

@@ -7,8 +7,8 @@ registers.
 (T when none);
 `embed_decay` updates E's *absent* rows — the ids no row of the context holds, g = 0: decay and
 moment decay, the same operations as any other row — at the start of the update, on the side lane
-(issue 14 round 3: of 12,288 rows a coppelius context holds ~323 ids, so ~97 % of E's optimizer
-traffic leaves the update's tail).  Nothing else reads or writes those rows during the update:
+(of 12,288 rows a coppelius context holds ~323 ids, so ~97 % of E's optimizer traffic leaves
+the update's tail).  Nothing else reads or writes those rows during the update:
 embed_fwd gathers only present rows, embed_grad updates only present rows, and both decide
 presence from the same staged ids as embed_decay;
 `embed_grad` gives each program BLOCK_V vocabulary rows: it finds each id's first row, then

@@ -1,4 +1,4 @@
-"""Programmatic dependent launch (issue 14): the first statement of every kernel.
+"""Programmatic dependent launch: the first statement of every kernel.
 
 With PDL = True (the sm_90a build: tools/build_ptx.py sets it per target) a kernel's threads
 first wait until the grids before it in its stream have finished and their memory is visible
@@ -6,7 +6,7 @@ first wait until the grids before it in its stream have finished and their memor
 next kernel's launch and block dispatch then overlap this one instead of following it, and still
 no kernel reads or writes memory before its predecessors are done: the bits are a plain launch's.
 The host asks for the overlap per launch (CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
-host/driver.py); without it both instructions return at once.  PDL = False (sm_80, which has no
+host/driver_module.py); without it both instructions return at once.  PDL = False (sm_80, which has no
 griddepcontrol, and the interpreter) compiles to nothing.
 """
 import triton

@@ -10,8 +10,8 @@ the bf16 output of a `rmsnorm_rows` launch (plan/kernels/norms.py; as the head r
 norm's): its 43 column tiles of 64 would each re-read the fp32 rows in a fused prologue.
 `matmul_rotary` is the qkv product with rotary in its epilogue (bf16 q'|k'|v out, no fp32 scratch),
 on the bf16 rows of the attention norm: `residual_norm` (after the previous layer's split mlp
-down) or `embed_fwd` (layer 0) wrote them once, where a fused prologue read the fp32 rows once per
-column tile (issue 14 round 5).
+down) or `embed_fwd` (layer 0) wrote them once, where a fused prologue would read the fp32 rows
+once per column tile.
 `matmul_residual` (out_proj) also writes per-row partial sums of squares for the MLP norm.
 `matmul_delta` is out_proj_backward's dO product that also forms delta = rowsum(dO·o) per head.
 The epilogues fuse what used to be separate launches with the same fp32 operations in the same
@@ -29,6 +29,10 @@ EPI_F32 = tl.constexpr(meta.EPI_F32)
 EPI_BF16 = tl.constexpr(meta.EPI_BF16)
 EPI_RESIDUAL = tl.constexpr(meta.EPI_RESIDUAL)
 EPI_SWIGLU_BWD = tl.constexpr(meta.EPI_SWIGLU_BWD)
+PIECE_SPLITS = tl.constexpr(8)    # halvings col_pieces may make (BLOCK_N ≤ 256 · its width)
+SWIGLU_PIECE = tl.constexpr(16)   # columns of a SwiGLU-backward epilogue piece (8 bf16 a thread)
+SWIGLU_AHEAD = tl.constexpr(1)    # … pieces of [a | b] in flight ahead (ptxas sm_90a: 111
+#                                   registers; 2: 122, 3: 126, all: 160; 2 CTAs/SM need ≤ 128)
 
 
 @triton.jit
@@ -46,11 +50,17 @@ def _tile_ids(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: 
     return pid_m, pid_n
 
 
+# The weight gradient's operand forms (A stored (K, M), B stored (K, N)) add one summed offset to
+# the base pointer: a pointer stepped by the K-row offset alone is the same for every tile, and
+# in a kernel that loops over tiles (weight_grad) the compiler hoists each thread's row pointers
+# out of that loop and holds them through the epilogue (the one-product weight gradient at 4
+# warps spilled so).  The other forms keep the two steps (summed, matmul_swiglu's sm_80 build
+# takes 162 registers, not 128).
 @triton.jit
 def _load_a(a_ptr, offs_m, offs_k, M, K, A_T: tl.constexpr):
     mask = (offs_m[:, None] < M) & (offs_k[None, :] < K)
     if A_T:
-        a = tl.load(a_ptr + offs_k[None, :] * M + offs_m[:, None], mask=mask, other=0.0)
+        a = tl.load(a_ptr + (offs_k[None, :] * M + offs_m[:, None]), mask=mask, other=0.0)
     else:
         a = tl.load(a_ptr + offs_m[:, None] * K + offs_k[None, :], mask=mask, other=0.0)
     return a.to(tl.bfloat16)                                        # (BLOCK_M, BLOCK_K)
@@ -62,7 +72,7 @@ def _load_b(b_ptr, offs_k, offs_n, N, K, B_T: tl.constexpr):
     if B_T:
         b = tl.load(b_ptr + offs_n[None, :] * K + offs_k[:, None], mask=mask, other=0.0)
     else:
-        b = tl.load(b_ptr + offs_k[:, None] * N + offs_n[None, :], mask=mask, other=0.0)
+        b = tl.load(b_ptr + (offs_k[:, None] * N + offs_n[None, :]), mask=mask, other=0.0)
     return b.to(tl.bfloat16)                                        # (BLOCK_K, BLOCK_N)
 
 
@@ -105,23 +115,36 @@ def _col_quarters(x, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _swiglu_bwd_halves(dz, c_ptr, aux_ptr, offs_m, offs_n, M, N, BLOCK_M: tl.constexpr,
-                       HALF: tl.constexpr):
-    """_swiglu_bwd_cols on the two column halves of dz (BLOCK_M, 2·HALF); offs_n (HALF,) the
-    first half's columns."""
-    lo, hi = _col_halves(dz, BLOCK_M, HALF)
-    _swiglu_bwd_cols(lo, c_ptr, aux_ptr, offs_m, offs_n, M, N)
-    _swiglu_bwd_cols(hi, c_ptr, aux_ptr, offs_m, offs_n + HALF, M, N)
+def col_pieces(x, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WIDTH: tl.constexpr):
+    """The column pieces (BLOCK_M, WIDTH) of a tile x (BLOCK_M, BLOCK_N), left to right, as a
+    tuple (x halved in turn; BLOCK_N / WIDTH a power of two ≤ 2^PIECE_SPLITS)."""
+    parts = (x,)
+    for level in tl.static_range(PIECE_SPLITS):
+        if (BLOCK_N >> level) > WIDTH:
+            halves = ()
+            for i in tl.static_range(1 << level):
+                lo, hi = _col_halves(parts[i], BLOCK_M, BLOCK_N >> (level + 1))
+                halves = halves + (lo, hi)
+            parts = halves
+    return parts
 
 
 @triton.jit
-def _swiglu_bwd_cols(dz, c_ptr, aux_ptr, offs_m, offs_n, M, N):
-    """dz (BLOCK_M, cols) of the SwiGLU backward; [a | b] (M, 2N) bf16 saved by the forward;
-    writes [bf(da) | bf(db)] of those columns (NUMERICS mlp_backward)."""
+def _swiglu_bwd_load(aux_ptr, offs_m, offs_n, M, N):
+    """[a | b] (M, 2N) bf16 saved by the forward, of columns offs_n: (ga, up) fp32."""
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     row = offs_m[:, None] * (2 * N)
     ga = tl.load(aux_ptr + row + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
     up = tl.load(aux_ptr + row + N + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
+    return ga, up
+
+
+@triton.jit
+def _swiglu_bwd_cols(dz, ga, up, c_ptr, offs_m, offs_n, M, N):
+    """dz (BLOCK_M, cols) of the SwiGLU backward on its (ga, up) (_swiglu_bwd_load); writes
+    [bf(da) | bf(db)] of those columns (NUMERICS mlp_backward)."""
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    row = offs_m[:, None] * (2 * N)
     ea = 1.0 + tl.exp(-ga)
     sig = tl.div_rn(1.0, ea)
     silu = tl.div_rn(ga, ea)
@@ -130,6 +153,31 @@ def _swiglu_bwd_cols(dz, c_ptr, aux_ptr, offs_m, offs_n, M, N):
     db = dz * silu
     tl.store(c_ptr + row + offs_n[None, :], da.to(tl.bfloat16), mask=mask)
     tl.store(c_ptr + row + N + offs_n[None, :], db.to(tl.bfloat16), mask=mask)
+
+
+@triton.jit
+def _swiglu_bwd(acc, c_ptr, aux_ptr, offs_m, col0, M, N, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr):
+    """The SwiGLU backward epilogue of a tile (dz = acc) from column col0, in pieces of
+    SWIGLU_PIECE columns, piece i + SWIGLU_AHEAD's [a | b] loaded before piece i's stores: a
+    load cannot pass a store in program order, so loading each piece after the last one's
+    stores made a dependent round trip a piece (1 + 8 a tile; now 1 + 4).  Every piece loaded
+    first would make it 1 + 1 but hold 160 registers (1 CTA per SM, not 2: docs/performance/
+    update-levers-round-6.md)."""
+    tl.static_assert(BLOCK_N // SWIGLU_PIECE * SWIGLU_PIECE == BLOCK_N,
+                     "BLOCK_N: a multiple of SWIGLU_PIECE")
+    PIECES: tl.constexpr = BLOCK_N // SWIGLU_PIECE
+    parts = col_pieces(acc, BLOCK_M, BLOCK_N, SWIGLU_PIECE)
+    cols = col0 + tl.arange(0, SWIGLU_PIECE)
+    loaded = ()
+    for i in tl.static_range(SWIGLU_AHEAD):
+        loaded = loaded + (_swiglu_bwd_load(aux_ptr, offs_m, cols + i * SWIGLU_PIECE, M, N),)
+    for i in tl.static_range(PIECES):
+        if i + SWIGLU_AHEAD < PIECES:
+            ahead = cols + (i + SWIGLU_AHEAD) * SWIGLU_PIECE
+            loaded = loaded + (_swiglu_bwd_load(aux_ptr, offs_m, ahead, M, N),)
+        ga, up = loaded[i]
+        _swiglu_bwd_cols(parts[i], ga, up, c_ptr, offs_m, cols + i * SWIGLU_PIECE, M, N)
 
 
 @triton.jit
@@ -163,19 +211,7 @@ def matmul(a_ptr, b_ptr, c_ptr, aux_ptr, M, N, K,
                       BLOCK_M, BLOCK_N, BLOCK_K)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     if EPILOGUE == EPI_SWIGLU_BWD:
-        # in eighths of the columns: fewer tiles of a, b and their intermediates live at once
-        # (coppelius, 128×128 on sm_90a: 108 registers, 2 blocks/SM with room for another
-        # ptxas; quarters 128, halves 167 — docs/PERFORMANCE.md, issue 14 round 5)
-        HALF: tl.constexpr = BLOCK_N // 2
-        QUARTER: tl.constexpr = BLOCK_N // 4
-        EIGHTH: tl.constexpr = BLOCK_N // 8
-        dz_0, dz_1, dz_2, dz_3 = _col_quarters(acc, BLOCK_M, BLOCK_N)
-        offs_e = pid_n * BLOCK_N + tl.arange(0, EIGHTH)              # an eighth's columns
-        _swiglu_bwd_halves(dz_0, c_ptr, aux_ptr, offs_m, offs_e, M, N, BLOCK_M, EIGHTH)
-        _swiglu_bwd_halves(dz_1, c_ptr, aux_ptr, offs_m, offs_e + QUARTER, M, N, BLOCK_M, EIGHTH)
-        _swiglu_bwd_halves(dz_2, c_ptr, aux_ptr, offs_m, offs_e + HALF, M, N, BLOCK_M, EIGHTH)
-        _swiglu_bwd_halves(dz_3, c_ptr, aux_ptr, offs_m, offs_e + HALF + QUARTER, M, N, BLOCK_M,
-                           EIGHTH)
+        _swiglu_bwd(acc, c_ptr, aux_ptr, offs_m, pid_n * BLOCK_N, M, N, BLOCK_M, BLOCK_N)
     else:
         offs_c = offs_m[:, None] * N + offs_n[None, :]
         if EPILOGUE == EPI_RESIDUAL:

@@ -3,7 +3,7 @@ tile, used in the qkv matmul's epilogue (forward) and the attention backward's e
 the transpose, rotary_backward) — no launch of its own.
 
 The cos/sin table is computed on the device from the row index, in float64, and rounded once to
-fp32 (SPEC §3): the model defines it, nothing is read from the host.  embed_fwd (the first launch
+fp32 (CONTRACT §3): the model defines it, nothing is read from the host.  embed_fwd (the first launch
 of every submission) writes it to the `rope` buffer, (T, d) = [cos | sin] per row; the epilogues
 load it.  Computing it in the epilogues instead spilled 1.4–2.3 KB per thread (ptxas -v, sm_90a:
 16 float64 sin/cos per thread at 128×64 tiles).

@@ -13,13 +13,25 @@ Tiles: those of product 0, then those of product 1 (PRODUCTS = 2), in one number
 may be smaller than the tile count: program pid runs tiles pid, pid + programs, … in turn (each
 tile by one program, with the same operations: the bits do not depend on the grid), so the side
 lane holds no more SMs than its grid.  The bias corrections are formed once per program.
+
+The epilogue works on column pieces of PIECE columns, each thread holding VEC consecutive elements
+of a row: the layout each warp's rows of the accumulator convert to by shuffles alone, and one
+16-byte access per plane (8 bytes for the bf16 copy), so no CTA-wide barrier.  A piece's P, M and
+V are all loaded before any of its stores (in program order a load cannot pass a store to the same
+buffer, so loading each plane after the last one's store made three dependent round trips a
+piece): a tile's chain is one round trip a piece.  No piece is loaded ahead of the one being
+updated: at 4 warps (plan/tuning.py) the accumulator holds 128 registers a thread and a piece in
+flight 24 more, past what ptxas fits without a spill; two CTAs per SM overlap the chains instead.
 """
 import triton
 import triton.language as tl
 
-from plan.kernels.adamw import adamw_tile, bias_corrections
-from plan.kernels.matmul import _accumulate, _col_halves, _col_quarters, _tile_ids
+from plan.kernels.adamw import adamw_update, bias_corrections, load_pmv, store_pmv
+from plan.kernels.matmul import _accumulate, _tile_ids, col_pieces
 from plan.kernels.grid_dependency import await_previous_grid
+
+PIECE = tl.constexpr(8)     # columns of one epilogue piece: a warp's 16 accumulator rows × 8
+VEC = tl.constexpr(4)       # elements per thread and access: 16-byte fp32 loads and stores
 
 
 @triton.jit
@@ -30,55 +42,48 @@ def _dw_adamw(pid, a_ptr, b_ptr, p_ptr, w16_ptr, M, N, K, NPARAM, step_size, bc2
               GROUP_M: tl.constexpr):
     """Tile pid of g = bf(A)ᵀ-stored @ bf(B) (M, N), then AdamW on P/M/V (p_ptr: the parameter in
     the P plane; M and V planes NPARAM and 2·NPARAM further) and w16 = bf(p)."""
+    tl.static_assert(BLOCK_N // PIECE * PIECE == BLOCK_N, "BLOCK_N: a multiple of PIECE")
     pid_m, pid_n = _tile_ids(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     g = _accumulate(a_ptr, b_ptr, offs_m, offs_n, M, N, K, 0, K, True, False,
                     BLOCK_M, BLOCK_N, BLOCK_K)
-    # the epilogue in column eighths: fewer tiles of P/M/V (and their addresses) live at once
-    # (coppelius sm_90a: 128×128 in halves 236–248 registers, in eighths 158–178; 128×256 in
-    # eighths 250 — docs/PERFORMANCE.md, issue 14 round 5)
-    HALF: tl.constexpr = BLOCK_N // 2
-    QUARTER: tl.constexpr = BLOCK_N // 4
-    EIGHTH: tl.constexpr = BLOCK_N // 8
-    g_0, g_1, g_2, g_3 = _col_quarters(g, BLOCK_M, BLOCK_N)
-    offs_e = pid_n * BLOCK_N + tl.arange(0, EIGHTH)              # an eighth's columns
-    _adamw_halves(g_0, offs_m, offs_e, p_ptr, w16_ptr, M, N, NPARAM, step_size, bc2_sqrt,
-                  DECAY, BETA1, ONE_MINUS_BETA1, BETA2, ONE_MINUS_BETA2, EPS, BLOCK_M, EIGHTH)
-    _adamw_halves(g_1, offs_m, offs_e + QUARTER, p_ptr, w16_ptr, M, N, NPARAM, step_size,
-                  bc2_sqrt, DECAY, BETA1, ONE_MINUS_BETA1, BETA2, ONE_MINUS_BETA2, EPS, BLOCK_M,
-                  EIGHTH)
-    _adamw_halves(g_2, offs_m, offs_e + HALF, p_ptr, w16_ptr, M, N, NPARAM, step_size,
-                  bc2_sqrt, DECAY, BETA1, ONE_MINUS_BETA1, BETA2, ONE_MINUS_BETA2, EPS, BLOCK_M,
-                  EIGHTH)
-    _adamw_halves(g_3, offs_m, offs_e + HALF + QUARTER, p_ptr, w16_ptr, M, N, NPARAM, step_size,
-                  bc2_sqrt, DECAY, BETA1, ONE_MINUS_BETA1, BETA2, ONE_MINUS_BETA2, EPS, BLOCK_M,
-                  EIGHTH)
+    _adamw_epilogue(col_pieces(g, BLOCK_M, BLOCK_N, PIECE), offs_m, pid_n * BLOCK_N, p_ptr, w16_ptr,
+                    M, N, NPARAM, step_size, bc2_sqrt, DECAY, BETA1, ONE_MINUS_BETA1, BETA2,
+                    ONE_MINUS_BETA2, EPS, BLOCK_N // PIECE)
 
 
 @triton.jit
-def _adamw_halves(g, offs_m, offs_n, p_ptr, w16_ptr, M, N, NPARAM, step_size, bc2_sqrt,
-                  DECAY: tl.constexpr, BETA1: tl.constexpr, ONE_MINUS_BETA1: tl.constexpr,
-                  BETA2: tl.constexpr, ONE_MINUS_BETA2: tl.constexpr, EPS: tl.constexpr,
-                  BLOCK_M: tl.constexpr, HALF: tl.constexpr):
-    """_adamw_half on the two column halves of g (BLOCK_M, 2·HALF); offs_n (HALF,) the first
-    half's columns."""
-    lo, hi = _col_halves(g, BLOCK_M, HALF)
-    _adamw_half(lo, offs_m, offs_n, p_ptr, w16_ptr, M, N, NPARAM, step_size, bc2_sqrt,
-                DECAY, BETA1, ONE_MINUS_BETA1, BETA2, ONE_MINUS_BETA2, EPS)
-    _adamw_half(hi, offs_m, offs_n + HALF, p_ptr, w16_ptr, M, N, NPARAM, step_size, bc2_sqrt,
-                DECAY, BETA1, ONE_MINUS_BETA1, BETA2, ONE_MINUS_BETA2, EPS)
+def _piece(offs_m, col, M, N):
+    """(offsets, mask) of the piece whose first column is col.  Its columns are written as runs
+    of VEC, so the compiler gives every access of the piece — the fp32 planes and the bf16 copy
+    alike — VEC elements per thread in one layout (a bf16 run of 8 would get its own layout, and
+    the fp32 values an exchange through shared memory with CTA-wide barriers to reach it)."""
+    lane = tl.arange(0, PIECE)
+    cols = col + (lane // VEC) * VEC + lane % VEC
+    return offs_m[:, None] * N + cols[None, :], (offs_m[:, None] < M) & (cols[None, :] < N)
 
 
 @triton.jit
-def _adamw_half(g, offs_m, offs_n, p_ptr, w16_ptr, M, N, NPARAM, step_size, bc2_sqrt,
-                DECAY: tl.constexpr, BETA1: tl.constexpr, ONE_MINUS_BETA1: tl.constexpr,
-                BETA2: tl.constexpr, ONE_MINUS_BETA2: tl.constexpr, EPS: tl.constexpr):
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    offs = offs_m[:, None] * N + offs_n[None, :]
-    p = adamw_tile(p_ptr, offs, mask, g, NPARAM, step_size, bc2_sqrt, True, DECAY, BETA1,
-                   ONE_MINUS_BETA1, BETA2, ONE_MINUS_BETA2, EPS)
-    tl.store(w16_ptr + offs, p.to(tl.bfloat16), mask=mask)
+def _adamw_epilogue(parts, offs_m, col0, p_ptr, w16_ptr, M, N, NPARAM, step_size, bc2_sqrt,
+                    DECAY: tl.constexpr, BETA1: tl.constexpr, ONE_MINUS_BETA1: tl.constexpr,
+                    BETA2: tl.constexpr, ONE_MINUS_BETA2: tl.constexpr, EPS: tl.constexpr,
+                    PIECES: tl.constexpr):
+    """AdamW on the tile's pieces (g in registers, `parts`) from column col0, left to right, each
+    loaded whole before it is stored (the module docstring); a piece wholly past column N is
+    skipped (the last column tile of an N that is not a multiple of BLOCK_N), which also keeps
+    the compiler from computing every piece's g products at the top of the epilogue, where
+    they would hold registers through it (the tiny profile's one-stage build spilled so).  Per
+    element the same fp32 operations in the same order (adamw_update: m, v, then p, decayed
+    first; every matrix decays)."""
+    for i in tl.static_range(PIECES):
+        if col0 + i * PIECE < N:
+            offs, mask = _piece(offs_m, col0 + i * PIECE, M, N)
+            p, m, v = load_pmv(p_ptr, offs, mask, NPARAM)
+            p, m, v = adamw_update(p * DECAY, m, v, parts[i], step_size, bc2_sqrt, BETA1,
+                                   ONE_MINUS_BETA1, BETA2, ONE_MINUS_BETA2, EPS)
+            store_pmv(p_ptr, offs, mask, NPARAM, p, m, v)
+            tl.store(w16_ptr + offs, p.to(tl.bfloat16), mask=mask)
 
 
 @triton.jit

@@ -9,7 +9,7 @@ import types
 import numpy as np
 
 from plan import reference as ref
-from plan.launch_types import cdiv
+from plan.ints import cdiv
 
 from .harness import EXACT, T_ELEM, T_ULP, oracle
 from .learner import Learner

@@ -9,7 +9,7 @@ import types
 import numpy as np
 
 from plan import reference as ref
-from plan.launch_types import cdiv
+from plan.ints import cdiv
 
 from .harness import T_ADAMW, T_ULP, oracle
 from .programs import matmul_pid, matmul_tile, span, weight_grad_program

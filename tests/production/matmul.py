@@ -10,7 +10,7 @@ import numpy as np
 
 from plan import reference as ref
 from plan.kernels import meta
-from plan.launch_types import cdiv
+from plan.ints import cdiv
 
 from .harness import T_DELTA, T_ELEM, T_SAME, T_ULP, T_Z16, oracle
 from .programs import matmul_pid, matmul_split, matmul_tile, sample, span

@@ -7,7 +7,7 @@ import numpy as np
 from kernels_support import ssq_parts
 
 from plan import reference as ref
-from plan.launch_types import cdiv
+from plan.ints import cdiv
 
 from .harness import EXACT, T_ELEM, T_GAIN_SUM, T_ULP, oracle
 from .programs import rmsnorm_bwd_gain_program, sample, span

@@ -9,7 +9,7 @@ import numpy as np
 from triton.runtime import interpreter as _interp
 
 from plan.attention_split import AttentionSplit
-from plan.launch_types import cdiv
+from plan.ints import cdiv
 
 
 # ---------------------------------------------------------------- choosing programs

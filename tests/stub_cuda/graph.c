@@ -1,10 +1,15 @@
 /* Graphs: the end of a stream capture (joined or refused), instantiation, and replay, which runs
- * the nodes in capture order (a topological order) on the launching stream. */
+ * the nodes in capture order (a topological order) on the launching stream; a graph's nodes, their
+ * types and a kernel node's priority attribute, as the driver reports them. */
 #define _GNU_SOURCE
 #include <stdlib.h>
 #include <string.h>
 
 #include "stub.h"
+
+/* a node handle: tag << 40 | graph slot << NODE_INDEX_BITS | node index + 1 (no slot of its own) */
+#define NODE_TAG 0x5200ull
+#define NODE_INDEX_BITS 28
 
 void node_clear(struct node *nd)
 {
@@ -136,8 +141,11 @@ CUresult cuGraphInstantiateWithFlags(CUhandle *exec, CUhandle graph, unsigned lo
     if (r == CUDA_SUCCESS && e < 0)
         r = refuse(CUDA_ERROR_OUT_OF_MEMORY, call, "stub limit: %d executable graphs",
                    MAX_GRAPHS);
-    if (e >= 0)
+    if (e >= 0) {
         nodes_copy(&G.execs[e].nodes, &g->nodes);
+        G.execs[e].flags = flags;   /* USE_NODE_PRIORITY: the nodes' priorities, not the stream's */
+        G.stats.node_priority_graphs += (flags & GRAPH_INSTANTIATE_USE_NODE_PRIORITY) != 0;
+    }
     unlock();
     return r;
 }
@@ -182,3 +190,69 @@ static CUresult destroy(int kind, CUhandle h, const char *call)
 
 CUresult cuGraphDestroy(CUhandle graph) { return destroy(H_GRAPH, graph, "cuGraphDestroy"); }
 CUresult cuGraphExecDestroy(CUhandle exec) { return destroy(H_EXEC, exec, "cuGraphExecDestroy"); }
+
+CUresult cuGraphGetNodes(CUhandle graph, CUhandle *nodes, size_t *count)
+{
+    lock();
+    struct graph *g = slot_get(H_GRAPH, graph);
+    CUresult r = !g ? refuse(CUDA_ERROR_INVALID_HANDLE, "cuGraphGetNodes", "graph %p", graph)
+               : !count ? refuse(CUDA_ERROR_INVALID_VALUE, "cuGraphGetNodes", "null count")
+               : CUDA_SUCCESS;
+    if (r == CUDA_SUCCESS && !nodes) {
+        *count = (size_t)g->nodes.n;
+    } else if (r == CUDA_SUCCESS) {    /* entries past the graph's nodes are set to NULL */
+        size_t n = *count < (size_t)g->nodes.n ? *count : (size_t)g->nodes.n;
+        for (size_t k = 0; k < *count; k++)
+            nodes[k] = k < n ? (CUhandle)(uintptr_t)(NODE_TAG << 40
+                                                     | (uint64_t)(g - G.graphs) << NODE_INDEX_BITS
+                                                     | (k + 1)) : NULL;
+        *count = n;
+    }
+    unlock();
+    return r;
+}
+
+/* the node a handle names in a live graph, or NULL */
+static const struct node *node_get(CUhandle h)
+{
+    uint64_t v = (uint64_t)(uintptr_t)h;
+    int k = (int)(v & ((1ull << NODE_INDEX_BITS) - 1)) - 1;
+    uint64_t gi = (v >> NODE_INDEX_BITS) & ((1ull << (40 - NODE_INDEX_BITS)) - 1);
+    if ((v >> 40) != NODE_TAG || gi >= MAX_GRAPHS || !G.graphs[gi].s.live || k < 0
+        || k >= G.graphs[gi].nodes.n)
+        return NULL;
+    return &G.graphs[gi].nodes.v[k];
+}
+
+CUresult cuGraphNodeGetType(CUhandle node, int *type)
+{
+    lock();
+    const struct node *nd = node_get(node);
+    CUresult r = !nd ? refuse(CUDA_ERROR_INVALID_HANDLE, "cuGraphNodeGetType", "node %p", node)
+               : !type ? refuse(CUDA_ERROR_INVALID_VALUE, "cuGraphNodeGetType", "null")
+               : CUDA_SUCCESS;
+    if (r == CUDA_SUCCESS)
+        *type = nd->kind == NODE_KERNEL ? GRAPH_NODE_KERNEL
+              : nd->kind == NODE_SET ? GRAPH_NODE_MEMSET : GRAPH_NODE_MEMCPY;
+    unlock();
+    return r;
+}
+
+/* the priority only: the one attribute the host asks of a node (an int at the value's start) */
+CUresult cuGraphKernelNodeGetAttribute(CUhandle node, int attr, void *value)
+{
+    const char *call = "cuGraphKernelNodeGetAttribute";
+    lock();
+    const struct node *nd = node_get(node);
+    CUresult r = !nd ? refuse(CUDA_ERROR_INVALID_HANDLE, call, "node %p", node)
+               : nd->kind != NODE_KERNEL ? refuse(CUDA_ERROR_INVALID_VALUE, call, "not a kernel "
+                                                  "node")
+               : !value ? refuse(CUDA_ERROR_INVALID_VALUE, call, "null value")
+               : attr != LAUNCH_ATTR_PRIORITY ? refuse(CUDA_ERROR_NOT_SUPPORTED, call, "attribute "
+                                                       "%d: the stub knows the priority only", attr)
+               : CUDA_SUCCESS;
+    if (r == CUDA_SUCCESS)
+        memcpy(value, &nd->priority, sizeof nd->priority);
+    unlock();
+    return r;
+}

@@ -39,6 +39,9 @@
     X("cuMemcpyDtoDAsync", 3020, cuMemcpyDtoDAsync_v2) X("cuMemsetD8", 3020, cuMemsetD8_v2) \
     X("cuMemsetD8Async", 3020, cuMemsetD8Async) \
     X("cuStreamCreate", 2000, cuStreamCreate) X("cuStreamDestroy", 4000, cuStreamDestroy_v2) \
+    X("cuStreamCreateWithPriority", 5050, cuStreamCreateWithPriority) \
+    X("cuStreamGetPriority", 5050, cuStreamGetPriority) \
+    X("cuCtxGetStreamPriorityRange", 5050, cuCtxGetStreamPriorityRange) \
     X("cuStreamQuery", 2000, cuStreamQuery) X("cuStreamSynchronize", 2000, cuStreamSynchronize) \
     X("cuStreamWaitEvent", 3020, cuStreamWaitEvent) \
     X("cuStreamBeginCapture", 10010, cuStreamBeginCapture_v2) \
@@ -52,7 +55,9 @@
     X("cuLaunchKernel", 4000, cuLaunchKernel) X("cuLaunchKernelEx", 11060, cuLaunchKernelEx) \
     X("cuGraphInstantiateWithFlags", 11040, cuGraphInstantiateWithFlags) \
     X("cuGraphLaunch", 10000, cuGraphLaunch) X("cuGraphExecDestroy", 10000, cuGraphExecDestroy) \
-    X("cuGraphDestroy", 10000, cuGraphDestroy) \
+    X("cuGraphDestroy", 10000, cuGraphDestroy) X("cuGraphGetNodes", 10000, cuGraphGetNodes) \
+    X("cuGraphNodeGetType", 10000, cuGraphNodeGetType) \
+    X("cuGraphKernelNodeGetAttribute", 11000, cuGraphKernelNodeGetAttribute) \
     X("cuGetProcAddress", 12000, cuGetProcAddress_v2)
 
 /* newer ABIs of a name the stub serves, which it does not implement */

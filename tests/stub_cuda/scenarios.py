@@ -269,6 +269,32 @@ def jit_refusal(s: Session) -> dict:
     return out
 
 
+def stream_priority(s: Session) -> dict:
+    """A stream at the greatest priority the range reports, one beyond it (logged, clamped as
+    the driver clamps), and a kernel captured on the first: its node carries the stream's
+    priority, read back as the host reads it (cuGraphGetNodes, the node's PRIORITY attribute)."""
+    flags = d.CUstream_flags.CU_STREAM_NON_BLOCKING
+    ret = d.cuCtxGetStreamPriorityRange()
+    out = {"range": code(ret), "least": ret[1], "greatest": ret[2]}
+    inside = d.cuStreamCreateWithPriority(flags, ret[2])
+    outside = d.cuStreamCreateWithPriority(flags, ret[2] - 1)
+    out.update(inside=code(inside), outside=code(outside),
+               inside_priority=value(d.cuStreamGetPriority(inside[1])),
+               outside_priority=value(d.cuStreamGetPriority(outside[1])),
+               default_priority=value(d.cuStreamGetPriority(s.stream)))
+    out.update(begin=s.begin(inside[1]), captured=s.launch(stream=inside[1]))
+    graph = value(d.cuStreamEndCapture(inside[1]))
+    use = d.CUgraphInstantiate_flags.CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY
+    out["instantiate"] = code(d.cuGraphInstantiate(graph, int(use)))
+    count = value(d.cuGraphGetNodes(graph, 0))[1]
+    nodes = value(d.cuGraphGetNodes(graph, count))[0]
+    attr = d.CUkernelNodeAttrID.CU_LAUNCH_ATTRIBUTE_PRIORITY
+    out["nodes"] = count
+    out["node_type"] = int(value(d.cuGraphNodeGetType(nodes[0])))
+    out["node_priority"] = value(d.cuGraphKernelNodeGetAttribute(nodes[0], attr)).priority
+    return out
+
+
 def no_context(s: Session) -> dict:
     """A thread has no current context until it makes one current (a publisher thread)."""
     out = {}
@@ -287,7 +313,7 @@ SCENARIOS = {f.__name__: f for f in (
     block_size, shared_opt_in, pointer_past_allocation, freed_before_replay,
     captured_bad_pointer, host_pointer, misaligned, timing,
     sync_in_capture, unjoined_capture, joined_capture, isolation, graph_release,
-    programmatic_without_wait, jit_refusal, no_context)}
+    programmatic_without_wait, jit_refusal, stream_priority, no_context)}
 
 
 if __name__ == "__main__":

@@ -5,13 +5,18 @@
  * dependencies are its stream's frontier; cuEventRecord on a capturing stream keeps that frontier
  * in the event and cuStreamWaitEvent adds it to the waiting stream's (a stream not yet capturing
  * joins the capture).  What the driver refuses during capture is refused with its code, and the
- * capture is invalidated where the driver invalidates it. */
+ * capture is invalidated where the driver invalidates it.  Streams have priorities in the range
+ * COPPELIUS_STUB_PRIORITIES ("least,greatest", default 0,-5; "0,0": a device without); a
+ * captured kernel node takes its stream's, as the driver copies it. */
 #define _GNU_SOURCE
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "stub.h"
+
+#define PRIORITIES_ENV "COPPELIUS_STUB_PRIORITIES"
 
 struct stream *stream_get(CUhandle h) { return slot_get(H_STREAM, h); }
 
@@ -75,6 +80,10 @@ CUresult capture_add(struct stream *st, struct node *nd, const char *call)
                       "invalidated earlier");
     }
     nd->ndeps = 0, nd->deps = NULL;
+    if (nd->kind == NODE_KERNEL) {      /* "copied from stream priority during stream capture" */
+        nd->priority = st->priority;
+        G.stats.priority_nodes += st->priority != STUB_PRIORITY_LEAST;
+    }
     set_union(&nd->deps, &nd->ndeps, st->front, st->nfront);
     nodes_push(&c->nodes, nd);
     st->front = realloc(st->front, sizeof *st->front);
@@ -94,18 +103,73 @@ void capture_release(struct capture *c)
     c->live = 0;
 }
 
-CUresult cuStreamCreate(CUhandle *stream, unsigned flags)
+/* the device's (least, greatest) stream priority: lower numbers are higher priorities */
+static void priority_range(int *least, int *greatest)
+{
+    const char *env = getenv(PRIORITIES_ENV);
+    if (!env || sscanf(env, "%d,%d", least, greatest) != 2 || *greatest > *least)
+        *least = STUB_PRIORITY_LEAST, *greatest = STUB_PRIORITY_GREATEST;
+}
+
+CUresult cuCtxGetStreamPriorityRange(int *least, int *greatest)
 {
     lock();
-    CUresult r = need_context("cuStreamCreate");
+    CUresult r = need_context("cuCtxGetStreamPriorityRange");
+    if (r == CUDA_SUCCESS && (least || greatest)) {
+        int lo, hi;
+        priority_range(&lo, &hi);
+        if (least)
+            *least = lo;
+        if (greatest)
+            *greatest = hi;
+    }
+    unlock();
+    return r;
+}
+
+static CUresult stream_create(CUhandle *stream, unsigned flags, int priority, const char *call)
+{
+    int least, greatest;
+    priority_range(&least, &greatest);
+    lock();
+    CUresult r = need_context(call);
     if (r == CUDA_SUCCESS && (!stream || (flags & ~(unsigned)STREAM_NON_BLOCKING)))
-        r = refuse(CUDA_ERROR_INVALID_VALUE, "cuStreamCreate", "flags %#x", flags);
+        r = refuse(CUDA_ERROR_INVALID_VALUE, call, "flags %#x", flags);
+    if (r == CUDA_SUCCESS && (priority > least || priority < greatest)) {
+        refuse(CUDA_SUCCESS, call, "priority %d outside the range %d (least) to %d (greatest) "
+               "cuCtxGetStreamPriorityRange reports: the driver clamps it", priority, least,
+               greatest);           /* accepted, as the driver accepts it: logged */
+        priority = priority > least ? least : greatest;
+    }
     int i = r == CUDA_SUCCESS ? slot_new(H_STREAM, stream) : -1;
     if (r == CUDA_SUCCESS && i < 0)
-        r = refuse(CUDA_ERROR_OUT_OF_MEMORY, "cuStreamCreate", "stub limit: %d streams",
-                   MAX_STREAMS);
+        r = refuse(CUDA_ERROR_OUT_OF_MEMORY, call, "stub limit: %d streams", MAX_STREAMS);
     if (i >= 0)
-        G.streams[i].flags = flags;
+        G.streams[i].flags = flags, G.streams[i].priority = priority;
+    unlock();
+    return r;
+}
+
+CUresult cuStreamCreate(CUhandle *stream, unsigned flags)
+{
+    return stream_create(stream, flags, STUB_PRIORITY_LEAST, "cuStreamCreate");
+}
+
+CUresult cuStreamCreateWithPriority(CUhandle *stream, unsigned flags, int priority)
+{
+    return stream_create(stream, flags, priority, "cuStreamCreateWithPriority");
+}
+
+CUresult cuStreamGetPriority(CUhandle stream, int *priority)
+{
+    lock();
+    struct stream *st = stream_get(stream);
+    CUresult r = !st ? refuse(CUDA_ERROR_INVALID_HANDLE, "cuStreamGetPriority", "stream %p is "
+                              "not a live stream", stream)
+               : !priority ? refuse(CUDA_ERROR_INVALID_VALUE, "cuStreamGetPriority", "null")
+               : CUDA_SUCCESS;
+    if (r == CUDA_SUCCESS)
+        *priority = st->priority;
     unlock();
     return r;
 }

@@ -35,13 +35,15 @@ enum { CAPTURE_GLOBAL = 0, CAPTURE_THREAD_LOCAL = 1, CAPTURE_RELAXED = 2 };
 enum { EVENT_BLOCKING_SYNC = 1, EVENT_DISABLE_TIMING = 2, EVENT_INTERPROCESS = 4 };
 enum { STREAM_NON_BLOCKING = 1 };
 enum { HOSTALLOC_PORTABLE = 1, HOSTALLOC_DEVICEMAP = 2, HOSTALLOC_WRITECOMBINED = 4 };
-enum { LAUNCH_ATTR_PROGRAMMATIC_SERIALIZATION = 6 };
+enum { LAUNCH_ATTR_PROGRAMMATIC_SERIALIZATION = 6, LAUNCH_ATTR_PRIORITY = 8 };
 enum { JIT_INFO_LOG = 3, JIT_INFO_LOG_SIZE = 4, JIT_ERROR_LOG = 5, JIT_ERROR_LOG_SIZE = 6,
        JIT_LOG_VERBOSE = 12 };
 enum { FUNC_MAX_THREADS = 0, FUNC_SHARED_SIZE = 1, FUNC_CONST_SIZE = 2, FUNC_LOCAL_SIZE = 3,
        FUNC_NUM_REGS = 4, FUNC_PTX_VERSION = 5, FUNC_BINARY_VERSION = 6, FUNC_CACHE_MODE_CA = 7,
        FUNC_MAX_DYNAMIC_SHARED = 8, FUNC_CARVEOUT = 9, FUNC_ATTRIBUTE_MAX = 18 };
-enum { GRAPH_INSTANTIATE_FLAGS_ALL = 15 };   /* auto free, upload, device launch, priority */
+enum { GRAPH_INSTANTIATE_FLAGS_ALL = 15,    /* auto free, upload, device launch, priority */
+       GRAPH_INSTANTIATE_USE_NODE_PRIORITY = 8 };
+enum { GRAPH_NODE_KERNEL = 0, GRAPH_NODE_MEMCPY = 1, GRAPH_NODE_MEMSET = 2 };  /* CUgraphNodeType */
 enum { PROC_DEFAULT = 0, PROC_LEGACY_STREAM = 1, PROC_PER_THREAD_STREAM = 2 };
 enum { PROC_SUCCESS = 0, PROC_SYMBOL_NOT_FOUND = 1, PROC_VERSION_NOT_SUFFICIENT = 2 };
 
@@ -53,6 +55,8 @@ enum { PROC_SUCCESS = 0, PROC_SYMBOL_NOT_FOUND = 1, PROC_VERSION_NOT_SUFFICIENT 
 #define MAX_GRID_YZ 65535u
 #define STUB_REGISTERS 64               /* reported per function: the stub runs no ptxas */
 #define TRITON_HIDDEN_PARAMS 2          /* Triton's trailing scratch pointers: null allowed */
+#define STUB_PRIORITY_LEAST 0           /* stream priorities: the default, the lowest priority */
+#define STUB_PRIORITY_GREATEST (-5)     /* an assumption, not read off an H200 (stream.c) */
 
 /* device address = host address + alias: a host pointer used as a device pointer (and a device
  * pointer used as a host one) is outside every allocation; host addresses are below 2^47 */
@@ -95,6 +99,7 @@ enum { NODE_KERNEL = 1, NODE_COPY, NODE_SET };
 enum { COPY_HTOD = 1, COPY_DTOH, COPY_DTOD };
 struct node {
     int kind, programmatic, ndeps;
+    int priority;               /* kernel: its capture stream's, as the driver copies it */
     int *deps;
     CUhandle func;              /* kernel: the function; params holds its values' bytes */
     unsigned grid[3], block[3], shared;
@@ -110,10 +115,10 @@ struct nodes { struct node *v; int n, cap; };
 struct module { struct slot s; struct ptx_module ptx; CUhandle *funcs; };
 struct function { struct slot s; CUhandle module; const struct ptx_entry *entry;
                   int max_dynamic, carveout; };
-struct stream { struct slot s; unsigned flags; int capture; int *front; int nfront; };
+struct stream { struct slot s; unsigned flags; int priority, capture; int *front; int nfront; };
 struct event { struct slot s; unsigned flags; int recorded; uint64_t t_ns;
                unsigned capture_id; int *deps; int ndeps; };
-struct graph { struct slot s; struct nodes nodes; };
+struct graph { struct slot s; struct nodes nodes; unsigned long long flags; };
 struct capture {
     int live, mode, origin, invalid;
     unsigned id;
@@ -135,7 +140,8 @@ struct stub {
     struct graph graphs[MAX_GRAPHS], execs[MAX_GRAPHS];
     struct capture captures[MAX_CAPTURES];
     struct { unsigned long launches, captured, programmatic, graph_launches, released, staged,
-             copied_kernels, copies, copy_bytes, memsets, violations; } stats;
+             copied_kernels, copies, copy_bytes, memsets, violations, priority_nodes,
+             node_priority_graphs; } stats;
 };
 extern struct stub G;
 

@@ -26,8 +26,21 @@ bytes of the launch, and what it reads or writes in mapped host memory (staging)
   serial  = programs placed greedily, in blockIdx order, on 132·k slots (k from registers,
             shared memory, threads, blocks per SM); each lasts prologue/epilogue + trips × one
             trip, its parts overlapped as the scenario says.  The longest program's chain and
-            wave quantization both show here.
+            wave quantization both show here.  What waits on what inside a program is read off
+            the kernel's PTX (ptx_chain.py): a tile's dependent round trips (each load issued
+            after a store or barrier that waited for an earlier load: weight_grad's AdamW
+            epilogue has 24 per tile, and the K loop's fill one more) at HBM_LATENCY each, its
+            CTA-wide barriers at PHASE each, and its issue slots (ptx_ops.py: div.rn/sqrt.rn as
+            ptxas expands them) on the SM's pipes — added, since each waits for the one before.
   launch  = max(the bounds above) + the launch cost inside a graph.
+  hbm     less the bytes a launch reads right after a predecessor wrote them (fresh.py): the
+            scenario's L2_RESIDENT of them hit L2 while they fit in it (L2_BYTES).
+
+The graph (lanes.py, sm_sim.py) is replayed CTA by CTA on 132 SMs: each launch's CTAs are its
+programs' chains stretched to its per-launch time, placed as registers and shared memory free up
+(a CTA that fills an SM needs an empty one), the plan's priority lane's grids first, then in
+launch order, programmatic edges' CTAs resident at their wait, HBM and L2 shared.  It reports each lane's start
+and end and the critical lane.
 
 Every input is a named constant in inputs.py with its source (a datasheet, a measurement in
 /work/.library/device/KINDS.md, or a stated assumption); what each kernel does is in the family
@@ -37,11 +50,18 @@ measured on a GPU: the device check's per-launch table (`--measured`) is what ca
 The modules, each importing only those above it:
   inputs.py        the chip's figures and the scenarios' assumptions, each with its source
   work.py          what one program does (Step, Programs, Work), the registry, AdamW's shares
+  ptx_parse.py     a PTX entry's instructions, blocks and loops
+  ptx_ops.py       issue slots per thread of a stretch of PTX
+  ptx_levels.py    the level machine: what waits for which round trip
+  ptx_chain.py     per kernel, its dependent round trips per tile (Chain), from kernels_ptx/
   kernels*.py      the kernel families' entries, registered in kernels.REGISTRY
   kernel_stats.py  ptxas -v on the committed PTX; occupancy
   bounds.py        one launch's bounds in one scenario, on some SMs
+  fresh.py         bytes a launch reads that its predecessors just wrote (plan/launch_regions.py)
   per_launch.py    each launch alone on the chip (LaunchCost), a submission's list (model)
-  lanes.py         the submission's graph replayed on two lanes
+  sm_sim.py        the block scheduler: grids' CTAs on 132 SMs, event by event
+  lanes.py         the submission's graph replayed on two lanes (per lane start, end, critical)
+  sections.py      the report's lanes and round-trip sections
   table.py         buckets, floors, the JSON and the markdown table
   measured.py      the device check's per-launch table beside the model
   report.py        all of it for one submission (report); __main__.py its command line

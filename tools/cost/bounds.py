@@ -6,8 +6,8 @@ import heapq
 from dataclasses import dataclass
 
 from .inputs import (ALU_PER_CLK, BF16_FLOPS, CLOCK_HZ, DEP_OP_CYCLES, HBM_BW, HBM_LATENCY, L2_BW,
-                     L2_LATENCY, MUFU_PER_CLK, PCIE_BW, PCIE_IN_FLIGHT, PCIE_LATENCY, PHASE, SM_L2_BW,
-                     SMS, STAGING_CACHED)
+                     L2_LATENCY, L2_RESIDENT, MUFU_PER_CLK, PCIE_BW, PCIE_IN_FLIGHT, PCIE_LATENCY,
+                     PHASE, SM_L2_BW, SMS, STAGING_CACHED)
 from .work import Programs, Step, Work, cdiv, lines
 
 
@@ -65,6 +65,11 @@ class PerProgram:
                          + x.alu_ops / (ALU_PER_CLK * CLOCK_HZ)))
 
 
+def hbm_bytes(work: Work, s: str) -> float:
+    """The launch's HBM bytes in scenario s: its unique bytes less the fresh ones still in L2."""
+    return work.hbm_bytes - L2_RESIDENT[s] * work.fresh_bytes
+
+
 def bounds(work: Work, per: PerProgram, per_sm: int, s: str, sms: int = SMS) -> dict[str, float]:
     """Seconds of each bound of one launch in scenario s, on `sms` SMs (fewer than the chip's
     while the update's side lane holds some: lanes.py).  The chip-wide L2, HBM and
@@ -78,7 +83,7 @@ def bounds(work: Work, per: PerProgram, per_sm: int, s: str, sms: int = SMS) -> 
     return {"tensor": busiest_sm(per.flops, sms) / (BF16_FLOPS[s] / SMS),
             "pipes": busiest_sm(per.pipes_s, sms),
             "l2": max(l2_bytes / L2_BW[s], busiest_sm(per.moved, sms) / SM_L2_BW[s]),
-            "hbm": work.hbm_bytes / HBM_BW[s],
+            "hbm": hbm_bytes(work, s) / HBM_BW[s],
             "pcie": pcie,
             "serial": makespan([d for g in work.programs for d in durations(g, s)], sms * per_sm)}
 

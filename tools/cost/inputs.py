@@ -56,7 +56,12 @@ SM_L2_BW = Range(
 L2_LATENCY = Range(0.15e-6, 0.25e-6, 0.4e-6,
                    "assumption: a dependent load that hits L2 (≈300–800 cycles, near/far half)")
 HBM_LATENCY = Range(0.45e-6, 0.6e-6, 0.9e-6,
-                    "assumption: a program's first dependent load that misses L2 (≈0.9–1.8 k cycles)")
+                    "assumption: one dependent round trip to device memory while the chip streams "
+                    "(a load that misses L2, issued after the store or barrier it waits for: the "
+                    "PTX pass's levels, ptx_chain.py), ≈0.9–1.8 k cycles; central 0.6 µs is the "
+                    "performance brief's figure for a loaded chip, optimistic a quiet one, "
+                    "pessimistic queues behind the other lane's streams.  Charged for every "
+                    "round trip of a tile's chain, fresh (L2-resident) data included")
 PHASE = Range(0.02e-6, 0.04e-6, 0.08e-6,
               "assumption: one dependent wait inside a trip — wgmma issue→wait, or a cross-warp "
               "reduction through shared memory with a barrier (≈40–160 cycles)")
@@ -72,6 +77,12 @@ LAUNCH_PDL = Range(
     "the wait's release and the next grid's first loads; pessimistic: only the launch processing "
     "is hidden (blocks that cannot be resident beside this grid dispatch as its blocks retire). "
     "Calibrated by tools/gpu_check/launches.py, which times the graph with and without them")
+L2_RESIDENT = Range(
+    0.9, 0.75, 0.5,
+    "assumption: the fraction of the bytes a launch's predecessor just wrote that are still in "
+    "L2 when it reads them, while those bytes fit in L2 (L2_BYTES): optimistic most of them, "
+    "pessimistic half (the other lane's traffic and the hash across the two L2 halves evict "
+    "some); what is not resident is charged to HBM as before")
 PCIE_BW = Range(50e9, 35e9, 20e9,
                 "assumption: GPU reads of mapped host memory over PCIe Gen5 x16 (64 GB/s raw per "
                 "direction); less with 128-byte requests and an IOMMU (Firecracker VM)")
@@ -84,6 +95,29 @@ STAGING_CACHED = Range(1, 0, 0,
                        "assumption: optimistic — the GPU caches mapped host memory in L2, so each "
                        "line crosses PCIe once per launch; central/pessimistic — every read does "
                        "(CUDA Best Practices: read mapped memory once)")
+# The correctly rounded fp32 operations as ptxas 13.0 expands them for sm_90a, (MUFU, other issue
+# slots) on the fast path: counted on this machine (2026-12-01) in nvdisasm's listing of
+# weight_grad_0bcdb623cf (coppelius, the old epilogue): sqrt.rn.f32 → MUFU.RSQ +
+# IADD3, ISETP, BSSY, BRA, 2 FMUL, 2 FFMA, BSYNC; div.rn.f32 → MUFU.RCP + BSSY, FCHK, 5 FFMA,
+# BRA, BSYNC.  Each ends in a branch to a slow-path CALL taken only for operands out of range
+# (denormal, huge): never on AdamW's data.
+# With these the PTX count of that kernel's epilogue is 3,460 issue slots per thread per tile;
+# the listing's fast path holds 3,328 (4% fewer: the masked loads' zero moves pair up).
+DIV_RN_F32 = (1, 9)
+SQRT_RN_F32 = (1, 9)
+
+STREAM_PRIORITY = (
+    "assumption, from the CUDA driver API's cuStreamCreateWithPriority (CUDA 12/13): priorities "
+    "'provide a hint to preferentially run work with higher priority when possible, but do not "
+    "preempt already-running work'; so the model's block scheduler places the pending CTAs of "
+    "the higher-priority stream's grids first whenever SMs free up, and never evicts a resident "
+    "CTA (nor one resident at its programmatic wait).  In a graph the kernel nodes carry their "
+    "capture stream's priority only when it is instantiated with "
+    "CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY (cuGraphInstantiateWithFlags: otherwise "
+    "every node runs at the priority of the stream the graph is launched into)")
+
+L2_BYTES = 60e6                   # KINDS.md: PyTorch reported 60 MB of L2 on this H200
+
 EMBED_CHAIN = 9   # longest dE chain: the most frequent id's count in a context.  Measured on this
 #                   machine: staging.synthetic.generate(coppelius), first 200 contexts: median 9,
 #                   range 5–15 (the marker M0 of the Markov blocks, in embed_grad's program 0)

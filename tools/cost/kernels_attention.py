@@ -8,11 +8,15 @@ from .work import Programs, Step, View, Work, family
 
 
 # -- attention (plan/attention_split.py): one warpgroup per program, trips over 64-row blocks;
-#    each trip's dots depend on the previous elementwise work (FA2 order), K/V (Q/dO) of the next
-#    trip prefetched.  The chunk programs decode their id in a scalar loop over the blocks before
-#    them (DECODE_OPS dependent integer ops per block skipped, on the chain before the first load)
+#    each trip's dots depend on the previous elementwise work (FA2 order).  K/V (Q/dO) of the
+#    next trip are copied at the end of a trip and waited for at the start of the next (the
+#    PTX's cp.async.wait_group 0): a dependent L2 round trip per trip (View.trip_trips); the
+#    prologue/epilogue round trips are the PTX's (View.tile_trips).  The chunk programs decode
+#    their id in a scalar loop over the blocks before them (DECODE_OPS dependent integer ops per
+#    block skipped, on the chain before the first load)
 
 DECODE_OPS = 5          # per block skipped: subtract, decrement, multiply-add, shift, compare
+MERGE_PASSES = 2        # attention_fwd_merge loops over its chunks twice (the max, then the sum)
 
 
 def _attn_dims(v: View):
@@ -60,12 +64,13 @@ def _attention_fwd(v: View) -> Work:
     sp, progs = _programs(v, AttentionSplit.fwd_programs, "forward chunk programs")
     e = BM * BN
     step = Step(mma_flops=2 * (2 * BM * BN * d), load_bytes=2 * BN * d * 2,      # K, V tiles
-                mufu_ops=e + BM, alu_ops=8 * e, phases=4)       # s, row max, row sum, p·v
+                mufu_ops=e + BM, alu_ops=8 * e, phases=4,       # s, row max, row sum, p·v
+                l2_trips=v.trip_trips)
     part = BM * d * 4 + 2 * BM * 4                                # acc, m, l of one chunk, fp32
 
     def fixed(prog):                                             # q in; the partial out
         m = prog[0]
-        return Step(load_bytes=BM * d * 2, store_bytes=part, hbm_trips=1,
+        return Step(load_bytes=BM * d * 2, store_bytes=part, hbm_trips=v.tile_trips,
                     serial_ops=DECODE_OPS * (sp.q_blocks - 1 - m))
     return Work(_by_fixed(progs, lambda pr: sp.fwd_chunk_trips(pr[0], pr[1]), fixed, step),
                 hbm_bytes=T * W * 2 + len(progs) * part)
@@ -77,10 +82,11 @@ def _attention_fwd_merge(v: View) -> Work:
     sp, progs = _programs(v, AttentionSplit.fwd_merge_programs, "(query block, head) merges")
     part = BM * d * 4 + 2 * BM * 4
     # per chunk: acc_c, l_c and m_c (twice: the max pass) in, one exp, a multiply-add per element;
-    # one stage: each trip waits for its loads
-    step = Step(load_bytes=part + BM * 4, mufu_ops=BM, alu_ops=2 * BM * d + 4 * BM, l2_trips=1)
+    # one stage: each trip of each of the two passes (a loop each) waits for its loads
+    step = Step(load_bytes=part + BM * 4, mufu_ops=BM, alu_ops=2 * BM * d + 4 * BM,
+                l2_trips=MERGE_PASSES * v.trip_trips)
     fixed = Step(store_bytes=BM * d * (2 + 4) + BM * 4, mufu_ops=BM * d + BM,   # o16, o32, lse
-                 alu_ops=12 * BM * d, hbm_trips=1)
+                 alu_ops=12 * BM * d, hbm_trips=v.tile_trips)
     partials = sum(sp.fwd_chunks(m) for m, _ in progs)
     return Work((Programs(tuple(sp.fwd_chunks(m) for m, _ in progs), step, fixed),),
                 hbm_bytes=partials * part + T * H * d * (2 + 4) + H * T * 4)
@@ -94,12 +100,13 @@ def _attention_bwd(v: View) -> Work:
     # a (query head, query block) trip: kqᵀ, pᵀdO, v dOᵀ, dsᵀq; qᵀ, dO (fp32), lse, delta in;
     # the bf(ds)ᵀ tile out
     step = Step(mma_flops=4 * (2 * BN * BM * d), load_bytes=d * BM * 2 + BM * d * 4 + 2 * BM * 4,
-                store_bytes=e * 2, mufu_ops=e, alu_ops=10 * e + BM * d, phases=5)
+                store_bytes=e * 2, mufu_ops=e, alu_ops=10 * e + BM * d, phases=5,
+                l2_trips=v.trip_trips)
     part = 2 * BN * d * 4                                         # dk', dv partial, fp32
 
     def fixed(prog):                                             # k, v in; the partial out
         n = prog[0]
-        return Step(load_bytes=2 * BN * d * 2, store_bytes=part, hbm_trips=1,
+        return Step(load_bytes=2 * BN * d * 2, store_bytes=part, hbm_trips=v.tile_trips,
                     serial_ops=DECODE_OPS * n)
     ds_tiles = H * sum(sp.q_blocks - sp.first_q(n) for n in range(sp.kv_blocks))
     return Work(_by_fixed(progs, lambda pr: len(sp.dkdv_chunk_pairs(pr[0], pr[1])), fixed, step),
@@ -114,15 +121,17 @@ def _attention_bwd_dq(v: View) -> Work:
     rope = BM * d * 4                                             # [cos|sin] rows, fp32
     # dQ (query block m, head): kv blocks 0 .. m, one product per trip from the stored bf(ds)ᵀ
     dq_trips = tuple(sp.fwd_kv_blocks(m) for kind, m, _ in progs if kind == "dq")
-    dq_step = Step(mma_flops=2 * BM * BN * d, load_bytes=BN * BM * 2 + BN * d * 2, phases=1)
-    dq_fixed = Step(load_bytes=rope, store_bytes=BM * d * 2, alu_ops=6 * BM * d, hbm_trips=1)
+    dq_step = Step(mma_flops=2 * BM * BN * d, load_bytes=BN * BM * 2 + BN * d * 2, phases=1,
+                   l2_trips=v.trip_trips)
+    dq_fixed = Step(load_bytes=rope, store_bytes=BM * d * 2, alu_ops=6 * BM * d,
+                    hbm_trips=v.tile_trips)
     # merge (kv block n, kv head): its chunks' partials in slot order; loads that feed no dot
     # are not software-pipelined: each trip waits for its partial from L2
     part = 2 * BN * d * 4
     mg_trips = tuple(sp.dkdv_chunks(n) for kind, n, _ in progs if kind == "merge")
     mg_step = Step(load_bytes=part, alu_ops=2 * BN * d, l2_trips=1)
     mg_fixed = Step(load_bytes=BN * d * 4, store_bytes=2 * BN * d * 2, alu_ops=8 * BN * d,
-                    hbm_trips=1)
+                    hbm_trips=v.tile_trips)
     ds_tiles = H * sum(sp.q_blocks - sp.first_q(n) for n in range(sp.kv_blocks))
     return Work((Programs(dq_trips, dq_step, dq_fixed), Programs(mg_trips, mg_step, mg_fixed)),
                 hbm_bytes=ds_tiles * BM * BN * 2 + T * G * d * 2 + sum(mg_trips) * part

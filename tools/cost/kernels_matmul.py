@@ -2,18 +2,29 @@
 with AdamW in their epilogue (plan/kernels/weight_grad.py, the side lane)."""
 from __future__ import annotations
 
-from .work import (ADAMW_ALU, ADAMW_MUFU, PMV_BYTES, Programs, Step, View, Work, add_steps, cdiv,
-                   doorbell_read, family, scale_step, uniform)
+from .work import (PMV_BYTES, Programs, Step, View, Work, add_steps, cdiv, doorbell_read, family,
+                   scale_step, uniform)
 
 
 # -- matmuls: one program per (BLOCK_M, BLOCK_N) tile, a K loop of BLOCK_K trips (software
 #    pipelined when num_stages > 1: the next chunks are in flight, so a trip waits on no load;
-#    with one stage — the tiny profile — each trip waits for its chunks from L2)
+#    with one stage — the tiny profile — each trip waits for its chunks from L2: the PTX's
+#    per-trip round trips, View.trip_trips).  The epilogue's dependent round trips and its
+#    instructions are the PTX's too (View.tile_trips, View.tail_ops: the K loop's fill, then
+#    each load the epilogue issues after a store or barrier that waited for an earlier one)
 
 def _mm_step(v: View, BM, BN, BK, a_bytes, b_bytes, products=1, alu=0.0) -> Step:
     return Step(mma_flops=products * 2 * BM * BN * BK,
                 load_bytes=BM * BK * a_bytes + products * BK * BN * b_bytes, alu_ops=alu, phases=1,
-                l2_trips=0 if v.launch.num_stages > 1 else 1)
+                l2_trips=v.trip_trips)
+
+
+def _epilogue(v: View, load_bytes=0.0, store_bytes=0.0) -> Step:
+    """A tile's epilogue: its bytes (the family's), its round trips, instructions and barriers
+    (the PTX's)."""
+    alu, mufu = v.tail_ops()
+    return Step(load_bytes=load_bytes, store_bytes=store_bytes, mufu_ops=mufu, alu_ops=alu,
+                phases=v.tail_bars, hbm_trips=v.tile_trips)
 
 
 def _tiles(v: View, M, N, BM, BN) -> int:
@@ -35,11 +46,10 @@ def _matmul(v: View) -> Work:
                          f"{v.launch.grid}")
     e = BM * BN
     ab = v.elem("aux_ptr") if epi == 3 else 0     # the forward's [a|b] (bf16)
-    # epilogue per tile: (aux loaded, c stored, MUFU, ALU) — meta.EPI_* codes
-    aux, out, mufu, alu = {0: (0, 4 * e, 0, e), 1: (0, 2 * e, 0, 2 * e), 2: (4 * e, 4 * e, 0, 2 * e),
-                           # SwiGLU backward: [a|b] in, [da|db] bf16 out; exp + 2 div_rn
-                           3: (2 * ab * e, 4 * e, 3 * e, 30 * e)}[epi]
-    fixed = Step(load_bytes=aux, store_bytes=out, mufu_ops=mufu, alu_ops=alu, hbm_trips=1)
+    # epilogue per tile: (aux loaded, c stored) — meta.EPI_* codes; SwiGLU backward (3): [a|b]
+    # in, [da|db] bf16 out
+    aux, out = {0: (0, 4 * e), 1: (0, 2 * e), 2: (4 * e, 4 * e), 3: (2 * ab * e, 4 * e)}[epi]
+    fixed = _epilogue(v, aux, out)
     c_unique = S * M * N * (4 if epi in (0, 2) else 2) * (2 if epi == 3 else 1)
     aux_unique = {0: 0, 1: 0, 2: M * N * 4, 3: 2 * M * N * ab}[epi]
     # split s of S sums chunks [s·per, (s+1)·per) of the cdiv(K, BK) chunks (the last may be short)
@@ -57,7 +67,7 @@ def _matmul_residual(v: View) -> Work:
     tiles = _tiles(v, M, N, BM, BN)
     e = BM * BN
     # epilogue: the residual tile in, x + acc out, and its per-row Σ x² (a row reduction) out
-    fixed = Step(load_bytes=4 * e, store_bytes=4 * e + 4 * BM, alu_ops=4 * e, phases=1, hbm_trips=1)
+    fixed = _epilogue(v, 4 * e, 4 * e + 4 * BM)
     return Work((uniform(tiles, cdiv(K, BK), _mm_step(v, BM, BN, BK, v.elem("a_ptr"),
                                                       v.elem("b_ptr")), fixed),),
                 hbm_bytes=M * K * 2 + K * N * 2 + 2 * M * N * 4 + cdiv(N, BN) * M * 4)
@@ -70,9 +80,8 @@ def _matmul_rotary(v: View) -> Work:
     BM, BN, BK = v.c["BLOCK_M"], v.c["BLOCK_N"], v.c["BLOCK_K"]
     h, w = v.elem("h16_ptr"), v.elem("w_ptr")
     tiles = _tiles(v, M, N, BM, BN)
-    # rope [cos|sin] rows in, rotation (~6 ops per element), bf16 q'|k'|v out
-    fixed = Step(load_bytes=BM * d * 4, store_bytes=BM * BN * 2, alu_ops=6 * BM * BN, phases=1,
-                 hbm_trips=1)
+    # rope [cos|sin] rows in, the rotation, bf16 q'|k'|v out
+    fixed = _epilogue(v, BM * d * 4, BM * BN * 2)
     return Work((uniform(tiles, cdiv(K, BK), _mm_step(v, BM, BN, BK, h, w), fixed),),
                 hbm_bytes=M * K * h + N * K * w + M * N * 2 + M * d * 4)
 
@@ -86,7 +95,7 @@ def _matmul_swiglu(v: View) -> Work:
     tiles = _tiles(v, M, N, BM, BN)
     step = _mm_step(v, BM, BN, BK, v.elem("h16_ptr"), v.elem("wg_ptr"), 2)
     e, out = BM * BN, 2 * v.elem("ab_ptr") + v.elem("z_ptr")        # bytes stored per element
-    fixed = Step(store_bytes=e * out, mufu_ops=2 * e, alu_ops=15 * e, phases=1, hbm_trips=1)
+    fixed = _epilogue(v, 0, e * out)
     return Work((uniform(tiles, cdiv(K, BK), step, fixed),),
                 hbm_bytes=M * K * 2 + 2 * N * K * v.elem("wg_ptr") + M * N * out)
 
@@ -97,8 +106,7 @@ def _matmul_delta(v: View) -> Work:
     BM, BN, BK = v.c["BLOCK_M"], v.c["BLOCK_N"], v.c["BLOCK_K"]
     tiles = _tiles(v, M, N, BM, BN)
     # fp32 dO out, fp32 o in, delta = Σ_d dO·o per head (a reduction over d)
-    fixed = Step(load_bytes=BM * BN * 4, store_bytes=BM * BN * 4 + BM * (BN // d) * 4,
-                 alu_ops=3 * BM * BN, phases=1, hbm_trips=1)
+    fixed = _epilogue(v, BM * BN * 4, BM * BN * 4 + BM * (BN // d) * 4)
     step = _mm_step(v, BM, BN, BK, v.elem("a_ptr"), v.elem("b_ptr"))
     return Work((uniform(tiles, cdiv(K, BK), step, fixed),),
                 hbm_bytes=M * K * 2 + K * N * 2 + 2 * M * N * 4 + M * N // d * 4)
@@ -119,10 +127,11 @@ def _weight_grad(v: View) -> Work:
         raise ValueError(f"{v.launch.label}: grid {v.launch.grid} for {tiles} tiles")
     start, staged = doorbell_read(v, P)
     # K = T loop of bf16 dy and x chunks; the epilogue reads P, M, V of the tile and writes them
-    # and w16 (the gradient never leaves registers)
+    # and w16 (the gradient never leaves registers): AdamW's instructions and its chain of
+    # dependent round trips (each column piece's P, M, V loaded after the last piece's stores:
+    # 16 a 128×128 tile) as the PTX has them
     step = _mm_step(v, BM, BN, BK, v.elem("a0_ptr"), v.elem("b0_ptr"))
-    epilogue = Step(load_bytes=PMV_BYTES * e, store_bytes=(PMV_BYTES + 2) * e,
-                    mufu_ops=ADAMW_MUFU * e, alu_ops=ADAMW_ALU * e, phases=1, hbm_trips=1)
+    epilogue = _epilogue(v, PMV_BYTES * e, (PMV_BYTES + 2) * e)
     more, base = tiles % P, tiles // P                  # the first `more` programs run base + 1
     groups = [uniform(n, k * cdiv(T, BK), step, add_steps(start, scale_step(epilogue, k)))
               for n, k in ((more, base + 1), (P - more, base)) if n]

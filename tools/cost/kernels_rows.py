@@ -10,25 +10,31 @@ from .work import (ADAMW_ALU, ADAMW_MUFU, PMV_BYTES, Programs, Staging, Step, Vi
                    cdiv, doorbell_read, family, lines, uniform)
 
 
-# -- row kernels: BLOCK_R whole rows per program, one pass (num_stages = 1)
+# -- row kernels: BLOCK_R whole rows per program, one pass (num_stages = 1), straight-line code:
+#    the PTX gives their dependent round trips (a load after a row reduction's barrier is one
+#    more) and their instructions (View.tile_trips, View.tail_ops)
 
 @family("rmsnorm_bwd")
 def _rmsnorm_bwd(v: View) -> Work:
     T, D, R = v.scalar("T"), v.c["D"], v.c["BLOCK_R"]
     gain, acc, bf16 = v.c["HAS_GAIN"], v.c["ACCUMULATE"], v.c["WRITE_BF16"]
     parts = v.c.get("DY_PARTS", 1)
-    return Work((uniform(v.programs, 1, _norm_rows(D, R, gain, acc, bf16, parts)),),
+    alu, mufu = v.tail_ops()
+    step = _norm_rows(D, R, gain, acc, bf16, parts, v.tile_trips, alu, mufu, v.tail_bars)
+    return Work((uniform(v.programs, 1, step),),
                 hbm_bytes=_norm_rows_unique(T, D, gain, acc, bf16, parts))
 
 
-def _norm_rows(D, R, gain, acc, bf16, parts=1) -> Step:
+def _norm_rows(D, R, gain, acc, bf16, parts, trips, alu=None, mufu=None, bars=1) -> Step:
     """dy (its `parts` split-K partials), x, r (and g, and the dx accumulated into) in; dx (and
-    bf(dx)) out; a row reduction."""
+    bf(dx)) out; a row reduction; `trips` dependent round trips; the instructions and barriers
+    given (the PTX's), or by hand where the PTX's tail is another branch's (rmsnorm_bwd_gain)."""
     rows = R * D * 4
     return Step(load_bytes=(parts + 1) * rows + R * 4 + (D * 4 if gain else 0)
                 + (rows if acc else 0),
-                store_bytes=rows + (R * D * 2 if bf16 else 0), alu_ops=(7 + parts) * R * D,
-                mufu_ops=R, phases=1, hbm_trips=1)
+                store_bytes=rows + (R * D * 2 if bf16 else 0),
+                alu_ops=(7 + parts) * R * D if alu is None else alu,
+                mufu_ops=R if mufu is None else mufu, phases=bars, hbm_trips=trips)
 
 
 def _norm_rows_unique(T, D, gain, acc, bf16, parts=1) -> float:
@@ -36,11 +42,11 @@ def _norm_rows_unique(T, D, gain, acc, bf16, parts=1) -> float:
         + (T * D * 2 if bf16 else 0)
 
 
-def _gain_programs(T, D, GR, GC, parts) -> Programs:
+def _gain_programs(T, D, GR, GC, parts, trips) -> Programs:
     """cdiv(D, GC) gain-column programs: T/GR trips of (r, x, dy partials) chunks, each a column
-    sum, no prefetch (one-stage loop): a dependent L2 load per trip."""
+    sum, no prefetch (one-stage loop): `trips` dependent L2 round trips per trip (the PTX's)."""
     gain = Step(load_bytes=GR * 4 + (1 + parts) * GR * GC * 4, alu_ops=(2 + parts) * GR * GC,
-                phases=1, l2_trips=1)
+                phases=1, l2_trips=trips)
     return uniform(cdiv(D, GC), cdiv(T, GR), gain, Step(store_bytes=GC * 4, hbm_trips=1))
 
 
@@ -50,8 +56,9 @@ def _residual_norm(v: View) -> Work:
     g = D * 4 if v.c["HAS_GAIN"] else 0
     # BLOCK_R fp32 rows of the residual and of each split-K partial (and the gain) in; their sum
     # out, a row reduction, bf16 rows and rstd out
+    alu, mufu = v.tail_ops()
     step = Step(load_bytes=(1 + parts) * R * D * 4 + g, store_bytes=R * D * (4 + 2) + R * 4,
-                alu_ops=(parts + 6) * R * D, mufu_ops=R, phases=1, hbm_trips=1)
+                alu_ops=alu, mufu_ops=mufu, phases=v.tail_bars, hbm_trips=v.tile_trips)
     return Work((uniform(v.programs, 1, step),),
                 hbm_bytes=T * D * 4 * (2 + parts) + T * D * 2 + g + T * 4)
 
@@ -59,11 +66,11 @@ def _residual_norm(v: View) -> Work:
 @family("rmsnorm_rows")
 def _rmsnorm_rows(v: View) -> Work:
     T, D, R, parts = v.scalar("T"), v.c["D"], v.c["BLOCK_R"], v.c["SSQ_PARTS"]
-    # the rows' partial sums of squares, then BLOCK_R fp32 rows in (a dependent load after r),
-    # bf16 rows and rstd out
+    # the rows' partial sums of squares and BLOCK_R fp32 rows in (independent loads: one round
+    # trip, the PTX says), bf16 rows and rstd out
+    alu, mufu = v.tail_ops()
     step = Step(load_bytes=R * parts * 4 + R * D * 4, store_bytes=R * D * 2 + R * 4,
-                alu_ops=(2 + parts) * R + 2 * R * D, mufu_ops=3 * R, phases=1,
-                l2_trips=1, hbm_trips=1)
+                alu_ops=alu, mufu_ops=mufu, phases=v.tail_bars, hbm_trips=v.tile_trips)
     return Work((uniform(v.programs, 1, step),),
                 hbm_bytes=T * D * (4 + 2) + T * 4 + parts * T * 4)
 
@@ -76,8 +83,8 @@ def _rmsnorm_bwd_gain(v: View) -> Work:
     rows, cols = cdiv(T, R), cdiv(D, GC)
     if v.programs != rows + cols:
         raise ValueError(f"{v.launch.label}: grid {v.launch.grid}, expected {rows} + {cols}")
-    return Work((uniform(rows, 1, _norm_rows(D, R, True, False, bf16, parts)),
-                 _gain_programs(T, D, GR, GC, parts)),
+    return Work((uniform(rows, 1, _norm_rows(D, R, True, False, bf16, parts, v.tile_trips)),
+                 _gain_programs(T, D, GR, GC, parts, v.trip_trips)),
                 hbm_bytes=_norm_rows_unique(T, D, True, False, bf16, parts) + D * 4)
 
 
@@ -88,11 +95,12 @@ def _cross_entropy(v: View) -> Work:
     # one fp32 logits row in, bf16 dlogits out; exp and the softmax's div_rn per element, and a
     # second div_rn by T unless T is a power of two (INV_T: a multiplication); max/sum/pick
     # reductions; the rows' targets (staging, or the staged device copy: an L2 hit) on the chain
+    # (the PTX's chain: the targets, then the rest of its round trips)
     staged = "targets_ptr" in v.staging_args()
-    divisions = 1 if v.c.get("INV_T") else 2
+    alu, mufu = v.tail_ops()
     step = Step(load_bytes=e * 4 + (0 if staged else R * 4), store_bytes=e * 2,
-                mufu_ops=(1 + divisions) * e, alu_ops=(10 + 10 * divisions) * e, phases=3,
-                hbm_trips=1, staging_trips=1 if staged else 0,
+                mufu_ops=mufu, alu_ops=alu, phases=v.tail_bars,
+                hbm_trips=v.tile_trips - 1, staging_trips=1 if staged else 0,
                 l2_trips=0 if staged else 1)
     targets = ((Staging("targets_ptr", read_bytes=T * 4, read_requests=v.programs,
                         unique_bytes=T * 4),) if staged else ())
@@ -108,14 +116,16 @@ def _embed_fwd(v: View) -> Work:
     P = v.programs
     # own ids (twice: gather and links) and all T ids (links) — from staging, or from the staged
     # device copy (L2) — then the rows gathered (dependent), rmsnorm and the first attention norm
-    # (two row reductions), the rope rows in float64 (sin/cos ≈ 40 dependent ops)
+    # (two row reductions), the rope rows in float64 (sin/cos ≈ 40 dependent ops); the ids are
+    # the first of the PTX's round trips
     per = 2 * R * 4 + T * 4
     staged = "ids_ptr" in v.staging_args()
+    alu, mufu = v.tail_ops()
     step = Step(load_bytes=R * D * 4 + D * 4 + (0 if staged else per),
                 store_bytes=2 * R * D * 4 + R * 4 + R * d * 4 + R * 4 + R * D * 2 + R * 4,
-                mufu_ops=2 * R, alu_ops=12 * R * D + 3 * R * T + 80 * R * d, phases=4,
-                serial_ops=80,
-                hbm_trips=1, staging_trips=1 if staged else 0, l2_trips=0 if staged else 1)
+                mufu_ops=mufu, alu_ops=alu, phases=v.tail_bars, serial_ops=80,
+                hbm_trips=v.tile_trips - 1, staging_trips=1 if staged else 0,
+                l2_trips=0 if staged else 1)
     ids = ((Staging("ids_ptr", read_bytes=P * per,
                     read_requests=P * (2 * lines(R * 4) + lines(T * 4)), unique_bytes=T * 4),)
            if staged else ())
@@ -188,15 +198,19 @@ def _embed_grad(v: View) -> Work:
 @family("cast_bf16")
 def _cast_bf16(v: View) -> Work:
     N, B = v.scalar("N"), v.c["BLOCK"]
-    return Work((uniform(v.programs, 1, Step(load_bytes=B * 4, store_bytes=B * 2, alu_ops=B,
-                                             hbm_trips=1)),), hbm_bytes=N * 6)
+    alu, mufu = v.tail_ops()
+    return Work((uniform(v.programs, 1, Step(load_bytes=B * 4, store_bytes=B * 2, alu_ops=alu,
+                                             mufu_ops=mufu, hbm_trips=v.tile_trips)),),
+                hbm_bytes=N * 6)
 
 
 @family("copy_f32")
 def _copy_f32(v: View) -> Work:
     N, B = v.scalar("N"), v.c["BLOCK"]
     staged = "dst_ptr" in v.staging_args()              # the writers copy device → staging
-    step = Step(load_bytes=B * 4, store_bytes=0 if staged else B * 4, hbm_trips=1)
+    alu, mufu = v.tail_ops()
+    step = Step(load_bytes=B * 4, store_bytes=0 if staged else B * 4, alu_ops=alu, mufu_ops=mufu,
+                hbm_trips=v.tile_trips)
     return Work((uniform(v.programs, 1, step),), hbm_bytes=N * 4 * (1 if staged else 2),
                 staging=(Staging("dst_ptr", write_bytes=N * 4),) if staged else ())
 
@@ -204,7 +218,9 @@ def _copy_f32(v: View) -> Work:
 @family("predictions")
 def _predictions(v: View) -> Work:
     V = v.c["V"]
-    step = Step(load_bytes=V * 4, alu_ops=8 * V, phases=3, hbm_trips=1)
+    alu, mufu = v.tail_ops()
+    step = Step(load_bytes=V * 4, alu_ops=alu, mufu_ops=mufu, phases=v.tail_bars,
+                hbm_trips=v.tile_trips)
     return Work((uniform(v.programs, 1, step),), hbm_bytes=v.programs * V * 4,
                 staging=(Staging("pred_ptr", write_bytes=v.programs * 8),))
 

@@ -2,6 +2,7 @@
 binds, and its time with the launch cost (`model` over a submission's launch list)."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from host.errors import UserError
@@ -10,9 +11,11 @@ from plan.buffers import buffers
 from plan.launch_graph import programmatic
 
 from .bounds import PerProgram, bounds
+from .fresh import fresh_bytes
 from .inputs import LAUNCH, SCENARIOS, SMS
 from .kernel_stats import KernelStats, occupancy
 from .kernels import REGISTRY
+from .ptx_chain import chain_of
 from .work import View, Work, cdiv
 
 
@@ -40,9 +43,12 @@ class LaunchCost:
     staging_write_bytes: float
     serial_iterations: int
     programmatic: bool = False     # its edge to its lane's previous launch is (lanes.py)
+    fresh_bytes: float = 0.0       # read just after a predecessor wrote them (fresh.py)
+    round_trips: dict = field(default_factory=dict)    # the PTX's chain (ptx_chain.Chain)
     bounds_us: dict = field(default_factory=dict)      # term → {scenario: µs}
     binding: dict = field(default_factory=dict)        # scenario → term
     us: dict = field(default_factory=dict)             # scenario → µs (with the launch cost)
+    work: Work | None = field(default=None, repr=False, compare=False)  # for the lane schedule
 
 
 def bucket(launch) -> str:
@@ -53,14 +59,17 @@ def bucket(launch) -> str:
     return "matmul " + (label.split(".", 2)[-1] if label.startswith("layers") else label)
 
 
-def work_of(launch, bufs) -> Work:
-    """The registry entry's description of a launch, checked against the launch itself."""
+def work_of(launch, bufs, target: str = "sm_90a", fresh: float = 0.0) -> Work:
+    """The registry entry's description of a launch (with its kernel's PTX round trips, and the
+    `fresh` bytes it reads that its predecessor just wrote), checked against the launch itself."""
     fam = REGISTRY.get(launch.function)
     if fam is None:
         raise KeyError(f"{launch.label}: no cost-model entry for kernel function {launch.function!r} "
                        f"(add one to its family module, tools/cost/kernels_*.py; known: {sorted(REGISTRY)})")
-    v = View(launch, bufs)
+    v = View(launch, bufs, chain_of(launch.kernel, target))
     work = fam(v)
+    if fresh:
+        work = dataclasses.replace(work, fresh_bytes=min(fresh, work.hbm_bytes))
     described = sum(len(g.trips) for g in work.programs)
     if described != v.programs:
         raise ValueError(f"{launch.label}: the model describes {described} programs, the grid "
@@ -72,11 +81,20 @@ def work_of(launch, bufs) -> Work:
     return work
 
 
-def cost(launch, bufs, stats: dict[str, KernelStats]) -> LaunchCost:
+def chain_row(chain) -> dict:
+    """The PTX's round trips of a kernel, as the report shows them."""
+    return {"tile": chain.tile, "fill": chain.fill, "epilogue": chain.epilogue,
+            "prologue": chain.prologue, "per_trip": chain.per_trip,
+            "epilogue_slots": chain.ops.alu + chain.ops.mufu, "epilogue_mufu": chain.ops.mufu,
+            "epilogue_barriers": chain.ops.bars}
+
+
+def cost(launch, bufs, stats: dict[str, KernelStats], target: str = "sm_90a",
+         fresh: float = 0.0) -> LaunchCost:
     """One launch: its figures, every bound in every scenario, the binding term, the totals."""
     if launch.kernel not in stats:
         raise KeyError(f"{launch.label}: no ptxas figures for {launch.kernel} (rebuild the PTX)")
-    work = work_of(launch, bufs)
+    work = work_of(launch, bufs, target, fresh)
     st = stats[launch.kernel]
     per_sm, limiter = occupancy(st)
     per = PerProgram.of(work)
@@ -88,7 +106,9 @@ def cost(launch, bufs, stats: dict[str, KernelStats]) -> LaunchCost:
                    staging_read_bytes=sum(x.read_bytes for x in work.staging),
                    staging_requests=sum(x.read_requests for x in work.staging),
                    staging_write_bytes=sum(x.write_bytes for x in work.staging),
-                   serial_iterations=max(max(g.trips) for g in work.programs))
+                   serial_iterations=max(max(g.trips) for g in work.programs),
+                   fresh_bytes=work.fresh_bytes,
+                   round_trips=chain_row(chain_of(launch.kernel, target)), work=work)
     for s in SCENARIOS:
         terms = bounds(work, per, per_sm, s)
         bind = max(terms, key=terms.get)
@@ -99,13 +119,15 @@ def cost(launch, bufs, stats: dict[str, KernelStats]) -> LaunchCost:
     return c
 
 
-def model(profile, submission: str, stats: dict[str, KernelStats]) -> list[LaunchCost]:
+def model(profile, submission: str, stats: dict[str, KernelStats],
+          target: str = "sm_90a") -> list[LaunchCost]:
     subs = {s.name: s for s in launches.submissions(profile)}
     if submission not in subs:
         raise UserError(f"unknown submission {submission!r}", f"one of {', '.join(subs)}")
     bufs = buffers(profile)
     sub = subs[submission]
-    costs = [cost(launch, bufs, stats) for launch in sub.launches]
+    costs = [cost(launch, bufs, stats, target, f)
+             for launch, f in zip(sub.launches, fresh_bytes(profile, sub))]
     # an edge is programmatic where the plan allows it and the kernel was built to wait first
     for c, launch, allowed in zip(costs, sub.launches, programmatic(sub.launches)):
         c.programmatic = allowed and stats[launch.kernel].pdl

@@ -24,7 +24,8 @@ def report(profile_name: str = "coppelius", target: str = "sm_90a", submission: 
            as_json: bool = False, measured: Path | None = None,
            stats: dict[str, KernelStats] | None = None) -> str:
     profile = profiles.get(profile_name)
-    costs = model(profile, submission, stats if stats is not None else ptxas_stats(profile_name, target))
+    costs = model(profile, submission, stats if stats is not None else ptxas_stats(profile_name, target),
+                  target)
     lane = replay(profile, submission, costs)
     floor = floors(costs, lanes_of(profile, submission))
     if as_json:

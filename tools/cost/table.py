@@ -2,10 +2,11 @@
 beats, the JSON document and the markdown table."""
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, fields
 
-from .inputs import BF16_FLOPS, HBM_BW, INPUTS, L2_BW, LAUNCH, LAUNCH_PDL, SCENARIOS
+from .inputs import BF16_FLOPS, HBM_BW, INPUTS, L2_BW, L2_RESIDENT, LAUNCH, LAUNCH_PDL, SCENARIOS
 from .per_launch import LaunchCost
+from .sections import lanes_text, round_trips_table
 
 
 def totals(costs) -> dict[str, float]:
@@ -51,24 +52,49 @@ def floors(costs, lanes_of) -> dict[str, dict[str, float]]:
                    if lanes_of[c.label] == lane)
     flops = sum(c.flops for c in costs)
     l2 = sum(c.l2_bytes for c in costs)
-    hbm = sum(c.hbm_bytes for c in costs)
     return {s: {"tensor": flops / BF16_FLOPS[s] * 1e6, "l2": l2 / L2_BW[s] * 1e6,
-                "hbm": hbm / HBM_BW[s] * 1e6,
+                "hbm": sum(hbm_charged(c, s) for c in costs) / HBM_BW[s] * 1e6,
                 "launches": max(launch_costs(lane, s) for lane in set(lanes_of.values())) * 1e6}
             for s in SCENARIOS}
 
 
+def hbm_charged(c: LaunchCost, s: str) -> float:
+    """A launch's HBM bytes in scenario s: the fresh bytes still in L2 apart (bounds.hbm_bytes)."""
+    return c.hbm_bytes - L2_RESIDENT[s] * c.fresh_bytes
+
+
+def round_trips(costs) -> list[dict]:
+    """One row per kernel of the list (first launch order): the PTX's dependent round trips
+    (ptx_chain.Chain via per_launch.chain_row) and the launches that run it."""
+    rows: dict[str, dict] = {}
+    for c in costs:
+        r = rows.setdefault(c.kernel, {"kernel": c.kernel, "function": c.function, "launches": 0,
+                                       **c.round_trips})
+        r["launches"] += 1
+    return list(rows.values())
+
+
+def launch_json(c: LaunchCost) -> dict:
+    """A launch's figures for the JSON (its Work, which the lane schedule reads, left out)."""
+    return {f.name: getattr(c, f.name) for f in fields(c) if f.name != "work"}
+
+
 def to_json(costs, profile_name: str, target: str, submission: str, lane: dict,
             floor: dict) -> dict:
-    """`<submission>_us`: the graph's time on two lanes; `serial_sum_us`: every launch alone, one
-    after another (what the buckets and where_us add up to); `floors_us`: what no schedule of
-    these launches beats (`floors`)."""
+    """`<submission>_us`: the graph's time on two lanes; `lanes`: per lane its start and end and
+    which is critical (central), each scenario's replay under `scenarios`; `serial_sum_us`: every
+    launch alone, one after another (what the buckets and where_us add up to); `floors_us`: what
+    no schedule of these launches beats (`floors`); `round_trips`: per kernel, the PTX's
+    dependent round trips per tile."""
+    c = lane["central"]
     return {"profile": profile_name, "target": target, "submission": submission,
             "launches": len(costs),
             f"{submission}_us": {s: lane[s]["graph_us"] for s in SCENARIOS},
-            "serial_sum_us": totals(costs), "lanes": lane, "floors_us": floor,
+            "serial_sum_us": totals(costs),
+            "lanes": {**c["lanes"], "critical": c["critical"], "scenarios": lane},
+            "floors_us": floor, "round_trips": round_trips(costs),
             "where_us": {s: where_time_goes(costs, s) for s in SCENARIOS},
-            "buckets": buckets(costs), "per_launch": [asdict(c) for c in costs],
+            "buckets": buckets(costs), "per_launch": [launch_json(x) for x in costs],
             "inputs": {k: asdict(r) for k, r in INPUTS.items()}}
 
 
@@ -96,26 +122,14 @@ def table(costs, profile_name: str, target: str, submission: str, lane: dict,
     out.append("| **graph, two lanes** (tools/cost/lanes.py) | | | | | | | | | | | "
                + " | ".join(f"**{lane[s]['graph_us']:.0f}**" for s in SCENARIOS) + " |")
     c = lane["central"]
-    out += ["", "Two lanes (central): the main lane's launches alone "
-            f"{c['main_lane_alone_us']:.0f} µs, the side lane's (weight gradients + AdamW) "
-            f"alone {c['side_lane_alone_us']:.0f} µs; "
-            f"replayed together the main lane is busy {c['main_lane_busy_us']:.0f} µs, the side "
-            f"lane {c['side_lane_busy_us']:.0f} µs, both working {c['both_working_us']:.0f} µs; "
-            f"the graph ends at {c['graph_us']:.0f} µs (the total row above is every launch "
-            "alone, one after another)."]
-    out += ["", f"Programmatic edges (plan/launch_graph.programmatic, on kernels built to wait): "
-            f"{c['programmatic_edges']} of {len(costs)} launches follow their lane's previous "
-            f"launch programmatically and pay LAUNCH_PDL ({LAUNCH_PDL['central'] * 1e6:.1f} µs "
-            f"central) instead of LAUNCH ({LAUNCH['central'] * 1e6:.1f}) when that launch is the "
-            "last of their predecessors to finish; with every edge full the graph would end at "
-            + " / ".join(f"{lane[s]['full_edges_graph_us']:.0f}" for s in SCENARIOS)
-            + " µs (optimistic / central / pessimistic)."]
+    out += ["", lanes_text(costs, lane), "", round_trips_table(round_trips(costs))]
     f = floor["central"]
     top = max(f, key=f.get)
     out += ["", "Floors (central; no schedule of these launches beats them): "
             f"L2 {f['l2']:.0f} µs ({sum(x.l2_bytes for x in costs) / 1e6:,.0f} MB at "
             f"{L2_BW['central'] / 1e12:.1f} TB/s), HBM {f['hbm']:.0f} µs "
-            f"({sum(x.hbm_bytes for x in costs) / 1e6:,.0f} MB at {HBM_BW['central'] / 1e12:.1f} TB/s), "
+            f"({sum(hbm_charged(x, 'central') for x in costs) / 1e6:,.0f} MB at "
+            f"{HBM_BW['central'] / 1e12:.1f} TB/s; fresh bytes in L2 apart), "
             f"tensor {f['tensor']:.0f} µs ({sum(x.flops for x in costs) / 1e9:.1f} GFLOP at "
             f"{BF16_FLOPS['central'] / 1e12:.0f} TFLOP/s), the longest lane's launch costs "
             f"{f['launches']:.0f} µs; the graph is {c['graph_us'] / f[top]:.2f}× its largest "

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from plan.buffers import DTYPE_BYTES
+from plan.ints import cdiv
 
 from .inputs import LINE
 
@@ -27,8 +28,8 @@ class Step:
     alu_ops: float = 0.0           # other elementwise ops, over the whole program
     phases: int = 0                # dependent waits (PHASE each)
     serial_ops: int = 0            # dependent arithmetic on the chain (DEP_OP_CYCLES each)
-    l2_trips: int = 0              # dependent loads that hit L2 (L2_LATENCY each)
-    hbm_trips: int = 0             # dependent loads that miss (HBM_LATENCY each)
+    l2_trips: float = 0            # dependent loads that hit L2 (L2_LATENCY each)
+    hbm_trips: float = 0           # dependent loads that miss (HBM_LATENCY each)
     staging_trips: int = 0         # dependent reads of mapped host memory (PCIE_LATENCY each)
 
 
@@ -59,10 +60,8 @@ class Work:
     hbm_bytes: float               # unique bytes read + written in device memory
     staging: tuple[Staging, ...] = ()
     extra_l2_bytes: float = 0.0    # traffic of a few programs kept out of their chain (h16 stores)
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
+    fresh_bytes: float = 0.0       # of hbm_bytes, read just after a predecessor wrote them
+    #                                (fresh.py): L2_RESIDENT of them are L2 hits (bounds.hbm_bytes)
 
 
 def lines(nbytes: float) -> int:
@@ -70,12 +69,45 @@ def lines(nbytes: float) -> int:
 
 
 class View:
-    """A Launch's arguments by name: scalars, constexprs, element sizes, staging arguments."""
+    """A Launch's arguments by name: scalars, constexprs, element sizes, staging arguments; and
+    what the round-trip pass read off its kernel's PTX (`chain`: tools/cost/ptx_chain.py)."""
 
-    def __init__(self, launch, bufs):
+    def __init__(self, launch, bufs, chain=None):
         self.launch, self.bufs = launch, bufs
         self.args = dict(launch.args)
         self.c = dict(launch.constexprs)
+        self._chain = chain
+
+    @property
+    def chain(self):
+        if self._chain is None:
+            raise KeyError(f"{self.launch.label}: no PTX round-trip figures for {self.launch.kernel} "
+                           "(rebuild the PTX: python -m tools.build_ptx)")
+        return self._chain
+
+    @property
+    def tile_trips(self) -> int:
+        """Dependent round trips of one tile's straight-line code, from the PTX: the K loop's
+        fill and the epilogue (the whole program where there is no loop)."""
+        return self.chain.tile
+
+    @property
+    def trip_trips(self) -> float:
+        """Dependent round trips each trip of the program's inner loop adds, from the PTX: 0 for
+        a pipelined loop (it waits only for copies issued trips earlier), else its steady state."""
+        return self.chain.per_trip
+
+    @property
+    def tail_bars(self) -> int:
+        """CTA-wide barriers of one tile's epilogue (the whole program where there is no loop),
+        from the PTX: each a dependent wait (PHASE)."""
+        return self.chain.ops.bars
+
+    def tail_ops(self) -> tuple[float, float]:
+        """(ALU, MUFU) lane-operations of one tile's epilogue (the whole program where there is
+        no loop): the PTX's issue slots per thread (ptx_ops.py) × the block's threads."""
+        threads = self.launch.num_warps * 32
+        return self.chain.ops.alu * threads, self.chain.ops.mufu * threads
 
     def scalar(self, name: str) -> int:
         return int(self.args[name].value)
@@ -110,8 +142,9 @@ def family(*functions: str):
 # -- AdamW's work per element and the doorbell every updating launch reads
 
 PMV_BYTES = 3 * 4                # P, M, V fp32 of one parameter element
-ADAMW_ALU, ADAMW_MUFU = 40, 3   # per element: ~20 fp32 ops + two div_rn (≈10 ALU + rcp each)
-#                                   and a sqrt_rn (as the adamw entry)
+ADAMW_ALU, ADAMW_MUFU = 47, 3   # per element, where no PTX count is used (embed_decay/grad's
+#                                 loops): ~20 fp32 ops + two div_rn (9 issue slots + a MUFU each,
+#                                 inputs.DIV_RN_F32) and a sqrt_rn (SQRT_RN_F32)
 BIAS_CORRECTION_OPS = 120        # t → two float64 powers by 40 squarings, a division, a sqrt
 
 

@@ -92,13 +92,13 @@ class Mode:
     pytest_timeout_s: float = PYTEST_TIMEOUT_S
 
 
-# H200 predictions (docs/PERFORMANCE.md, "Issue 12 — the device check", counts each one).
+# H200 predictions (docs/PERFORMANCE.md, "The device check: its time plan", counts each one).
 GPU = Mode("gpu", backend="cuda", production="coppelius", production_steps=200,
            continuation=(100, 100), verify_tiny_steps=8, verify_production_steps=2,
            launch_repeats=30, bench_steps=200, bench_warmup=10, torch_device="cuda",
            compile_backend="inductor", fake=False, timeout_factor=2.0, timeout_extra_s=30.0,
            capped_s={"torch": 30, "torch-default": 30}, sanitizer_steps=2,
-           predicted_s={"doctor": 15, "tiny": 25, "production": 45, "full-run": 50,
+           predicted_s={"doctor": 15, "tiny": 35, "production": 45, "full-run": 50,
                         "per-launch": 15, "experiments": 15, "sanitizer": 45, "gpu-tests": 15,
                         "torch": 90, "torch-default": 45})
 # An idle 2-core CPU, measured (docs/PERFORMANCE.md): the interpreter's ~10 s per tiny step
@@ -109,7 +109,7 @@ DRY = Mode("dry-run", backend="interpret", production="tiny", production_steps=8
            launch_repeats=3, bench_steps=3, bench_warmup=1, torch_device="cpu",
            compile_backend="aot_eager", fake=True, timeout_factor=5.0, timeout_extra_s=120.0,
            capped_s={"torch": 20, "torch-default": 20}, sanitizer_steps=1,
-           predicted_s={"doctor": 6, "tiny": 120, "production": 60, "full-run": 3,
+           predicted_s={"doctor": 6, "tiny": 180, "production": 60, "full-run": 3,
                         "per-launch": 8, "experiments": 8, "sanitizer": 40, "gpu-tests": 20,
                         "torch": 50, "torch-default": 35})
 
@@ -131,7 +131,7 @@ def for_profile(mode: Mode, profile: str | None, tiny_steps: int | None) -> Mode
 PHASES = [
     Phase("doctor", "1. doctor: driver, device, target, every module as the driver reports it",
           P.phase_doctor),
-    Phase("tiny", "2. tiny on cuda: two runs bit-identical, verify, the interpret golden",
+    Phase("tiny", "2. tiny on cuda: two runs bit-identical, verify, the interpret golden, its digests bisected",
           P.phase_tiny),
     Phase("production", "3. production: 200 steps timed, verify, a continuation",
           P.phase_production),

@@ -8,6 +8,9 @@ new Triton PTX) and sets the two side by side with the cost model's prediction o
   side lane's work     the plan's graph against the same graph with each side-lane launch replaced
                        by a hand-written no-op kernel: if the graph barely moves the side lane is
                        hidden, if it drops by hundreds of µs it is the critical path;
+  stream priority      the plan's priority lane (plan/launch_graph.PRIORITY_LANE, the cost
+                       model's choice) on the higher-priority stream against no stream
+                       priority (every lane at the default);
   side lane alone      each side-lane launch by itself on an idle GPU against its prediction.
 `decide` says which variant the plan should keep.  Predictions are the cost model's
 (tools/cost/, from the registers the driver reports); measurements come from the device.
@@ -22,20 +25,24 @@ from plan.launch_graph import programmatic
 from staging import layout as L
 
 # capture variants: CudaBackend options (host/backend_cuda.py) -> the graph each captures
+PLAN_OPTIONS = {"pdl": True, "one_lane": False, "noop_side_lane": False, "priority": True}
 GRAPH_VARIANTS = {
-    "plan": {"pdl": True, "one_lane": False, "noop_side_lane": False},
-    "full-edges": {"pdl": False, "one_lane": False, "noop_side_lane": False},
-    "one-lane": {"pdl": True, "one_lane": True, "noop_side_lane": False},
-    "noop-side-lane": {"pdl": True, "one_lane": False, "noop_side_lane": True},
+    "plan": PLAN_OPTIONS,
+    "full-edges": {**PLAN_OPTIONS, "pdl": False},
+    "one-lane": {**PLAN_OPTIONS, "one_lane": True},
+    "noop-side-lane": {**PLAN_OPTIONS, "noop_side_lane": True},
+    "no-priority": {**PLAN_OPTIONS, "priority": False},
 }
-EDGES, LANES, SIDE_WORK, SIDE_ALONE = ("programmatic edges", "lanes", "side lane's work",
-                                       "side lane alone")
+EDGES, LANES, SIDE_WORK, PRIORITY, SIDE_ALONE = ("programmatic edges", "lanes", "side lane's work",
+                                                 "stream priority", "side lane alone")
 # experiment -> ((variant shown, capture variant) for the plan's, then for the alternative)
 PAIRS = {
     EDGES: (("programmatic edges (the plan)", "plan"), ("every edge full", "full-edges")),
     LANES: (("two lanes (the plan)", "plan"), ("one lane", "one-lane")),
     SIDE_WORK: (("weight gradients on the side lane (the plan)", "plan"),
                 ("side lane replaced by a no-op kernel", "noop-side-lane")),
+    PRIORITY: (("the priority lane's stream first (the plan)", "plan"),
+               ("no stream priority", "no-priority")),
 }
 SIDE_SUM = "every side-lane launch alone, summed"
 DECISIVE_FRACTION = 0.02    # a variant wins when its graph is faster by more than this fraction
@@ -50,8 +57,8 @@ def set_capture(backend, variant: str) -> None:
 
 
 def measure_graphs(backend, t_base: int, repeats: int) -> dict:
-    """variant -> {graph_us: (repeats,), programmatic_edges, pdl_refused}; the backend is left
-    captured as the plan captures it."""
+    """variant -> {graph_us: (repeats,), programmatic_edges, pdl_refused, lane_priorities,
+    priority_note}; the backend is left captured as the plan captures it."""
     out = {}
     try:
         for variant in GRAPH_VARIANTS:
@@ -60,7 +67,9 @@ def measure_graphs(backend, t_base: int, repeats: int) -> dict:
             backend.instantiate(t_base)
             out[variant] = {"graph_us": backend.time_graph(L.SUBMISSION_UPDATE, repeats),
                             "programmatic_edges": backend.programmatic_edges[L.SUBMISSION_UPDATE],
-                            "pdl_refused": backend.pdl_refused}
+                            "pdl_refused": backend.pdl_refused,
+                            "lane_priorities": dict(backend.lane_priorities),
+                            "priority_note": backend.priority_note}
     finally:
         set_capture(backend, "plan")
         backend.instantiate(t_base)
@@ -74,24 +83,38 @@ def side_lane(profile) -> list[int]:
 
 
 def predicted(profile, costs: dict, kernel_pdl: dict) -> dict:
-    """capture variant -> predicted graph µs (SCENARIO), from the cost model's lane schedule:
-    the plan's, every edge full, one lane (the same launches chained on one stream, programmatic
-    where two Triton kernels meet) and, for the no-op side lane, the main lane alone."""
+    """capture variant -> predicted graph µs (SCENARIO), each from the cost model's schedule of
+    the graph that variant captures (tools/cost/lanes.py): the plan's; every edge full; one lane
+    (the same launches chained on one stream, programmatic where two Triton kernels meet); the
+    no-op side lane (each side-lane launch costed as the one-thread no-op kernel, with full
+    edges into and out of it, as host/cuda_capture.py captures it); no stream priority (the
+    plan's graph, no lane's grids dispatched ahead of the other's).  The rest under the plan's
+    priority lane."""
     if not costs:
         return {}
-    from plan.buffers import buffers
     from tools.cost import lanes
     update = launches.submissions(profile)[L.SUBMISSION_UPDATE]
     ordered = [costs[x.label] for x in update.launches]
-    lane = lanes.replay(profile, "update", ordered)[SCENARIO]
+
+    def graph_us(sub, shown, cs, priority_lane=lanes.PLAN) -> float:
+        flagged = [dataclasses.replace(c, programmatic=ok and kernel_pdl.get(x.kernel, False))
+                   for c, ok, x in zip(cs, programmatic(shown), sub.launches)]
+        return lanes.schedule(sub, flagged, SCENARIO,
+                              priority_lane=priority_lane).makespan_s * 1e6
+
     relaned = [dataclasses.replace(x, lane=launches.MAIN_LANE) for x in update.launches]
     chained = dataclasses.replace(update, launches=tuple(relaned),
                                   deps=tuple((i - 1,) if i else () for i in range(len(relaned))))
-    one = [dataclasses.replace(c, programmatic=ok and kernel_pdl.get(x.kernel, False))
-           for c, ok, x in zip(ordered, programmatic(relaned), update.launches)]
-    one_us = lanes.schedule(chained, one, buffers(profile), SCENARIO).makespan_s * 1e6
-    return {"plan": lane["graph_us"], "full-edges": lane["full_edges_graph_us"],
-            "one-lane": one_us, "noop-side-lane": lane["main_lane_alone_us"]}
+    noop_shown = [dataclasses.replace(x, function=launches.RELEASE) if x.lane == launches.SIDE_LANE
+                  else x for x in update.launches]
+    noop = [lanes.noop_cost(c) if x.lane == launches.SIDE_LANE else c
+            for c, x in zip(ordered, update.launches)]
+    full = [dataclasses.replace(c, programmatic=False) for c in ordered]
+    return {"plan": graph_us(update, update.launches, ordered),
+            "full-edges": lanes.schedule(update, full, SCENARIO).makespan_s * 1e6,
+            "one-lane": graph_us(chained, relaned, ordered),
+            "noop-side-lane": graph_us(update, noop_shown, noop),
+            "no-priority": graph_us(update, update.launches, ordered, priority_lane=None)}
 
 
 def _r(x):
@@ -110,7 +133,9 @@ def rows(profile, graphs: dict, alone: list, costs: dict, prediction: dict) -> l
                         "graph_us_min": _r(min(g["graph_us"])), "per_launch_us": None,
                         "predicted_us": _r(prediction.get(variant)),
                         "programmatic_edges": g["programmatic_edges"],
-                        "pdl_refused": g["pdl_refused"]})
+                        "pdl_refused": g["pdl_refused"],
+                        "lane_priorities": g.get("lane_priorities"),
+                        "priority_note": g.get("priority_note")})
     update = launches.submissions(profile)[L.SUBMISSION_UPDATE]
     measured = predicted_sum = 0.0
     for i, times in zip(side_lane(profile), alone):
@@ -134,7 +159,7 @@ def _pair(rows_: list, name: str):
 def decide(rows_: list) -> list[dict]:
     """Per experiment: the variant the plan should keep, and why (from the measurements)."""
     out = []
-    for name in (EDGES, LANES):
+    for name in (EDGES, LANES, PRIORITY):
         plan, alt = _pair(rows_, name)
         if plan is None:
             out.append({"name": name, "keep": None, "why": "not measured"})
@@ -144,6 +169,8 @@ def decide(rows_: list) -> list[dict]:
         if name == EDGES and not plan["programmatic_edges"]:
             keep, why = alt["variant"], ("no programmatic edge was captured "
                                          f"({plan['pdl_refused'] or 'none allowed'})")
+        elif name == PRIORITY and plan.get("priority_note"):
+            keep, why = None, plan["priority_note"]
         elif gain > DECISIVE_FRACTION:
             keep, why = alt["variant"], f"{gain:.1%} faster ({delta} µs)"
         elif gain < -DECISIVE_FRACTION:
@@ -151,7 +178,10 @@ def decide(rows_: list) -> list[dict]:
         else:
             keep, why = plan["variant"], (f"within {DECISIVE_FRACTION:.0%} ({delta} µs): the "
                                           "plan's stays")
-        out.append({"name": name, "keep": keep, "why": why, "delta_us": delta})
+        predicted = (None if plan.get("predicted_us") is None or alt.get("predicted_us") is None
+                     else _r(plan["predicted_us"] - alt["predicted_us"]))
+        out.append({"name": name, "keep": keep, "why": why, "delta_us": delta,
+                    "predicted_delta_us": predicted})
     plan, noop = _pair(rows_, SIDE_WORK)
     if plan is not None:
         delta = plan["graph_us"] - noop["graph_us"]

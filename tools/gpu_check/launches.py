@@ -22,10 +22,12 @@ Any launch list the plan builds is timed: no label or count is assumed.
 
 `--experiments FILE` replays the update's graph in every capture variant of
 experiments.py (programmatic edges or all full, two lanes or one, the side lane or
-a no-op kernel in its place) and times each side-lane launch alone; FILE gets the rows, the
-predictions beside them and the decisions.  `--only REGEX` times just the update launches whose
-label or function matches, each alone on an idle GPU, with no ring run and no graph replay: what
-the device check runs under `compute-sanitizer --tool racecheck`.  Every fence waits at most
+a no-op kernel in its place, the plan's priority lane first or no stream priority) and times
+each side-lane launch alone; FILE gets the rows, the predictions beside them, the decisions and
+the device's stream priorities (its range, each lane's, or why there are none).  `--only REGEX`
+times just the update launches whose label or function matches, each alone on an idle GPU, with
+no ring run and no graph replay: what the device check runs under `compute-sanitizer --tool
+racecheck`.  Every fence waits at most
 `--fence-timeout` seconds.
 """
 from __future__ import annotations
@@ -156,12 +158,15 @@ def run_experiments(a, profile) -> int:
         costs, why = predictions(profile, b)
         kernel_pdl = {key: k.pdl for key, k in b.kernels.items()}
         info = b.device()
+        priorities = {"range": b.priority_range, "note": b.priority_note,
+                      "lanes": {"main" if lane == launches.MAIN_LANE else "side": p
+                                for lane, p in b.lane_priorities.items()}}
     rows = X.rows(profile, graphs, alone, costs, X.predicted(profile, costs, kernel_pdl))
     decisions = X.decide(rows)
     a.experiments.write_text(json.dumps({
         "profile": profile.name, "device": info.name, "target": info.target, "c0": c0,
         "repeats": a.repeats, "scenario": X.SCENARIO, "predictions_unavailable": why,
-        "experiments": rows, "decisions": decisions}, indent=1))
+        "experiments": rows, "decisions": decisions, "stream_priorities": priorities}, indent=1))
     for d in decisions:
         print(f"{d['name']}: {d['keep'] or '—'}: {d['why']}")
     return 0

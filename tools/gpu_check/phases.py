@@ -11,6 +11,8 @@ import re
 import sys
 from pathlib import Path
 
+from tools.make_golden import GOLDEN_DIGESTS
+
 from . import figures as F
 from .commands import cli, expect_run, fresh_run, fresh_runs, run_argv
 from .report import GOLDEN
@@ -51,9 +53,49 @@ def phase_doctor(ctx: Context) -> str:
             f"{ctx.figures['registers_max']}, {len(spilled)} spilling, {checks.get('device')}")
 
 
+def _tiny_digests(ctx: Context) -> dict:
+    """Step 0 of a fresh one-step tiny run digested launch by launch (`--digests`), bisected
+    against the interpret golden's digests under the tolerances across backends: a tiny run that
+    does not match the golden names its first divergent kernel."""
+    d = ctx.work / "runs" / "tiny-digests"
+    d.mkdir(parents=True)
+    ckpt, result, digests = d / "tiny.ckpt", d / "result.bin", d / "digests.json"
+    ckpt.write_bytes(b"")
+    r = ctx.sh("digests", run_argv(ctx, "tiny", 1, ckpt, result) + ["--digests", digests])
+    if not expect_run(ctx, "a one-step tiny run with --digests (step 0, launch by launch)", r,
+                      result):
+        return {"bisect": None}
+    b = ctx.sh("bisect-golden", cli(ctx, "bisect", "--across-backends", "--json", GOLDEN_DIGESTS,
+                                    digests), json_out=True)
+    bj = b.json() or {}
+    ctx.expect("its digests against the interpret golden's (bisect --across-backends)",
+               b.rc == 0, b)
+    first = bj.get("first") or {}
+    return {"bisect": {"exit": b.rc, "same": bj.get("same"), "differing": bj.get("differing"),
+                       "replay_matches_issue": (bj.get("b") or {}).get("replay_matches_issue"),
+                       "first": {k: first.get(k) for k in ("index", "label", "function", "kernel",
+                                                           "verdict", "inputs_differing")}
+                       if first else None,
+                       "first_regions": [{k: r.get(k) for k in ("name", "space", "count",
+                                                                "max_abs", "max_rel",
+                                                                "first_index", "a", "b")}
+                                         for r in first.get("regions", [])][:4],
+                       "later": (bj.get("later") or [])[:8]}}
+
+
+def _bisect_summary(bisect: dict | None) -> str:
+    if bisect is None:
+        return "digests: no run"
+    if bisect["same"]:
+        return "bisect: every launch matches"
+    first = bisect["first"] or {}
+    return (f"bisect: first divergent #{first.get('index')} {first.get('label')} "
+            f"({first.get('verdict')})")
+
+
 def phase_tiny(ctx: Context) -> str:
     """Two fresh tiny runs bit-identical (results and checkpoints); verify against numpy; against
-    the interpret golden."""
+    the interpret golden; step 0's digests bisected against the golden's."""
     steps = ctx.mode.tiny_steps
     a, b = fresh_runs(ctx, [("a", "tiny", steps), ("b", "tiny", steps)])
     if not (a.done.rc == 0 and b.done.rc == 0):
@@ -78,8 +120,9 @@ def phase_tiny(ctx: Context) -> str:
         identity=[r for r in gj.get("identity", []) if r.get("differs")],
         run_seconds=[round(a.done.seconds, 1), round(b.done.seconds, 1)],
         tiny=F.run_figures(a.result))
+    ctx.figures.update(_tiny_digests(ctx))
     return (f"runs {a.done.seconds:.0f}+{b.done.seconds:.0f} s, diff exit {d.rc}, verify exit "
-            f"{v.rc}, golden: {gj.get('verdict')}")
+            f"{v.rc}, golden: {gj.get('verdict')}; {_bisect_summary(ctx.figures['bisect'])}")
 
 
 def _continuation(ctx: Context, ref) -> list:
