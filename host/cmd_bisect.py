@@ -7,8 +7,8 @@ a file cannot be read or the two describe different computations (the field name
 """
 from __future__ import annotations
 
+from .cmd_diff import tolerances
 from .digest_compare import ACROSS_BACKENDS_ATOL, ACROSS_BACKENDS_RTOL, Rules, bisect
-from .errors import UserError
 
 ORDER = 35
 EXIT_SAME, EXIT_DIFFERENT = 0, 1
@@ -40,14 +40,8 @@ def register(sub) -> None:
 
 
 def rules(args) -> Rules:
-    atol = args.atol if args.atol is not None else \
-        (ACROSS_BACKENDS_ATOL if args.across_backends else 0.0)
-    rtol = args.rtol if args.rtol is not None else \
-        (ACROSS_BACKENDS_RTOL if args.across_backends else 0.0)
-    if not (0 <= atol < float("inf") and 0 <= rtol < float("inf")):
-        raise UserError(f"tolerances must be finite and ≥ 0 (got --atol {atol}, --rtol {rtol})",
-                        "pass finite --atol/--rtol ≥ 0; 0 means the bits must match")
-    return Rules(atol, rtol)
+    """What was asked, else the digests' --across-backends defaults, else exact (diff's rule)."""
+    return Rules(*tolerances(args, (ACROSS_BACKENDS_ATOL, ACROSS_BACKENDS_RTOL)))
 
 
 def run(args) -> int:

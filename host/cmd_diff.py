@@ -54,12 +54,12 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def tolerances(args) -> tuple[float, float]:
-    """(atol, rtol): what was asked, else the --across-backends defaults, else exact."""
-    atol = args.atol if args.atol is not None else \
-        (ACROSS_BACKENDS_ATOL if args.across_backends else 0.0)
-    rtol = args.rtol if args.rtol is not None else \
-        (ACROSS_BACKENDS_RTOL if args.across_backends else 0.0)
+def tolerances(args, across: tuple[float, float] = (ACROSS_BACKENDS_ATOL, ACROSS_BACKENDS_RTOL)
+               ) -> tuple[float, float]:
+    """(atol, rtol): what was asked, else the --across-backends defaults (`across`: diff's, or
+    bisect's), else exact."""
+    atol = args.atol if args.atol is not None else (across[0] if args.across_backends else 0.0)
+    rtol = args.rtol if args.rtol is not None else (across[1] if args.across_backends else 0.0)
     if atol < 0 or rtol < 0 or not np.isfinite([atol, rtol]).all():
         raise UserError(f"tolerances must be finite and ≥ 0 (got --atol {atol}, --rtol {rtol})",
                         "pass finite --atol/--rtol ≥ 0; 0 means the bits must match")
