@@ -1,8 +1,8 @@
 """The embedded stream's levels along one run: each step's context floor and no-copy level, and the
 window means that the progress line, `inspect` and its plot show.
 
-Step s of a run that starts at update count c0 trains on context c0 + s (host/run.py), so the
-levels of a run are `staging.synthetic`'s per-context values at contexts c0 .. c0 + steps - 1,
+Step s of a run that starts at update count c0 trains on context c0 + s (host/run/loop.py), so the
+levels of a run are `coppelius.staging.synthetic`'s per-context values at contexts c0 .. c0 + steps - 1,
 computed once per run (vectorized: ≈ 10 ms for all 20,000 contexts) and read by step after that.
 They mean something only for a run on the embedded stream (no `--tokens`).
 """
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from staging import synthetic
+from coppelius.staging import synthetic
 
 WINDOW = 100     # steps in the running mean shown against the floor (progress, inspect, plot)
 

@@ -17,6 +17,7 @@ pre-tokenizer, and any text that contains an added token, goes through `encode_b
 from __future__ import annotations
 
 import errno
+import importlib
 import itertools
 import json
 import pathlib
@@ -25,11 +26,14 @@ import sysconfig
 
 import numpy as np
 
-from staging import paths
+from coppelius.staging import paths
 
-from .errors import UserError
+from coppelius.staging.errors import UserError
 
-DEFAULT_TOKENIZER = pathlib.Path(__file__).resolve().parent.parent / "plan" / "data" / "tokenizer.json"
+# in the data package coppelius.plan.data (no __init__.py): plan/data/ in the checkout,
+# coppelius/plan/data/ in a wheel
+DEFAULT_TOKENIZER = pathlib.Path(
+    list(importlib.import_module("coppelius.plan.data").__path__)[0]).resolve() / "tokenizer.json"
 END_OF_TEXT = "<|endoftext|>"
 _WS = r" \t\n\r\x0b\x0c"
 # GPT-2's split with ASCII classes; `_` joins identifiers; other characters are "punctuation"

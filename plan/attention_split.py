@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from plan.ints import cdiv
+from coppelius.plan.ints import cdiv
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from plan.attention_split import attention_split
-from plan.tuning import ssq_parts, tuning
-from staging import layout as SL
+from coppelius.plan.attention_split import attention_split
+from coppelius.plan.tuning import ssq_parts, tuning
+from coppelius.staging import layout
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "i32": 4, "u32": 4}
 GAINS = ("g_embed", "g_final")      # the rows of `dgain`, in parameter order
@@ -23,9 +23,9 @@ GAINS = ("g_embed", "g_final")      # the rows of `dgain`, in parameter order
 # `staged`: the issue's input record and doorbell, copied from staging by the submission's first
 # launch (plan/kernels/release_stage_in.ptx; CONTRACT §7: no later kernel reads staging).  Word
 # offsets: the record keeps its staging layout (inputs, then targets), the doorbell follows it.
-STAGED_INPUTS = SL.INPUTS // 4
-STAGED_TARGETS = SL.TARGETS // 4
-STAGED_DOORBELL = SL.INPUT_RECORD_BYTES // 4
+STAGED_INPUTS = layout.INPUTS // 4
+STAGED_TARGETS = layout.TARGETS // 4
+STAGED_DOORBELL = layout.INPUT_RECORD_BYTES // 4
 STAGED_WORDS = STAGED_DOORBELL + 4              # padded to 16 bytes
 
 
@@ -93,7 +93,7 @@ def buffers(profile) -> dict[str, BufferSpec]:
         BufferSpec("dres", "fp32", (T, D), "residual-stream gradient"),
         # the weight-gradient launches run on the side lane, after later backward launches of the
         # main lane: what they read has a slab of its own (per norm site, per layer), never
-        # rewritten within an issue (tests/test_lane_hazards.py)
+        # rewritten within an issue (tests/plan/test_lane_hazards.py)
         BufferSpec("dres16", "bf16", (S, T, D), "bf(residual-stream gradient) below each norm "
                    "site, written by that site's norm backward"),
         BufferSpec("dab16", "bf16", (L, T, 2 * F), "bf(da) | bf(db) per layer"),

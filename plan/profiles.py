@@ -8,9 +8,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from plan.ints import cdiv
-from staging.errors import UserError
-from staging.layout import TRANSFER_WINDOW_BYTES
+from coppelius.plan.ints import cdiv
+from coppelius.staging.errors import UserError
+from coppelius.staging.layout import TRANSFER_WINDOW_BYTES
 
 SEED = 20260925                 # CONTRACT §2: fresh initialization draws from this
 CHUNK_BYTES = TRANSFER_WINDOW_BYTES     # CONTRACT §10: a checkpoint chunk passes through the window
@@ -77,7 +77,7 @@ class Profile:
       V vocab      T context    D width      L layers
       H heads      G kv_heads   d head_dim   F hidden
     Derived: H·d = q_width, G·d = kv_width, W = (H + 2G)·d the fused q|k|v columns
-    (plan.buffers.qkv_width), N = parameter_count (elements of one P/M/V plane).
+    (coppelius.plan.buffers.qkv_width), N = parameter_count (elements of one P/M/V plane).
     """
     name: str                   # "coppelius" (production) or "tiny" (tests, CPU demos)
     model_tag: str              # names the model in the learner identity

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from plan.ints import cdiv
+from coppelius.plan.ints import cdiv
 
 GROUP_M = 8                 # matmul row tiles that share their B tiles in L2 (grouped ordering)
 
@@ -119,7 +119,7 @@ def tuning(profile) -> Tuning:
 
 def ssq_parts(tu: Tuning, T: int, D: int) -> int:
     """Partial sums of squares per residual row: one per column tile of the T × D residual
-    product (out_proj, plan/launch_matmul.matmul_residual), as its tile rule chooses it."""
+    product (out_proj, plan/launches/matmul.matmul_residual), as its tile rule chooses it."""
     return cdiv(D, choose_tile(tu, T, D)[1])
 
 

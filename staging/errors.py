@@ -1,7 +1,7 @@
 """The error convention: a UserError is a refusal the user can fix (one line + hint, exit 2).
 
 It lives in the lowest layer so that staging, plan and host all refuse the same way;
-`host.errors` re-exports it.
+`coppelius.errors` re-exports it.
 """
 from __future__ import annotations
 

@@ -87,7 +87,7 @@ def check_layout(profile) -> None:
                          f"past the transfer window at {TRANSFER_WINDOW:#x}")
 
 
-# ---- result file (CONTRACT §9): sizes reserved here; the section table is staging.result_sections
+# ---- result file (CONTRACT §9): sizes reserved here; the section table is coppelius.staging.result_sections
 STEP_WINDOW_BYTES = LOSS_RECORD_BYTES   # one step's per-row cross-entropy in the result file
 STAT_RECORD_BYTES = 160
 STATUS_BLOCK_BYTES = 160

@@ -20,7 +20,7 @@ import pathlib
 import stat
 import tempfile
 
-from .errors import UserError
+from coppelius.staging.errors import UserError
 
 _OPEN_FLAGS = os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 

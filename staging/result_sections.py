@@ -1,10 +1,11 @@
 """The result file (CONTRACT §9) as one table: every section's name, element type and size.
 
-The writer and the reader (`host/result_file.py`), the size formula below, `coppelius inspect` and
-`coppelius diff` all walk `SECTIONS`; nothing else spells the file's order or a section's size.
+The writer and the reader (host/results/writer.py, host/results/reader.py), the size formula
+below, `coppelius inspect` and `coppelius diff` all walk `SECTIONS`; nothing else spells the
+file's order or a section's size.
 
 A section is `repeat` units of one element array: the unit's shape is a function of the profile
-(fp32 logits are (3, V) or (V,)), its element type fp32 or a record of `staging.records`; a
+(fp32 logits are (3, V) or (V,)), its element type fp32 or a record of `coppelius.staging.records`; a
 section repeats once per completed step (`steps`), once per issue (`timestamps`), or not at all.
 
     forward (3·V·4) | steps (4096 × steps) | stat (160) | loss_block (16384) | final (V·4) |
@@ -18,8 +19,8 @@ from typing import Callable
 
 import numpy as np
 
-from . import layout as L
-from . import records as R
+from coppelius.staging import layout as L
+from coppelius.staging import records as R
 
 F32 = np.dtype("<f4")
 ONCE, PER_STEP, PER_ISSUE = "once", "step", "issue"

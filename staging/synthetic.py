@@ -71,8 +71,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import paths
-from .errors import UserError
+from coppelius.staging import paths
+from coppelius.staging.errors import UserError
 
 CONTEXTS = 20_000                      # CONTRACT §14: enough for two consecutive runs
 STREAM_HEADER = bytes(16)              # CONTRACT §5: mtime 0 and size 0 mark a generated stream
@@ -95,7 +95,7 @@ DESIGN = Design()
 BLOCK = DESIGN.block
 COPY_REACH = DESIGN.copy_reach
 
-# sha256 of `<profile>-stream.tokens` (header included), pinned by tests/test_synthetic.py
+# sha256 of `<profile>-stream.tokens` (header included), pinned by tests/staging/test_synthetic.py
 STREAM_SHA256 = {
     "coppelius": "af7d15445019da72c9bdb6deb190d7f83019a56c53899572c11b909c379d3c50",
     "tiny": "502024fc66a9004b0d50e04eead5ccf8ba41f0248545f8963668a7829c87d6f7",

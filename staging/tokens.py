@@ -14,8 +14,8 @@ import stat
 
 import numpy as np
 
-from . import paths
-from .errors import UserError
+from coppelius.staging import paths
+from coppelius.staging.errors import UserError
 
 HEADER_BYTES = 16
 TOKEN_BYTES = 4

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import layout as L
-from . import records as R
+from coppelius.staging import layout as L
+from coppelius.staging import records as R
 
 
 def allocate_host() -> np.ndarray:

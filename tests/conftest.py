@@ -3,8 +3,8 @@ Triton's interpreter.
 
 It runs before any test module imports numpy, so the in-process interpreter tests and every
 subprocess a test starts (they inherit the environment) use the same sgemm summation order as
-tests/golden/ (tools/blas_pin.py says why).  Then it imports host.backend_interpret, which sets
-TRITON_INTERPRET=1 and repairs the interpreter: both must happen before any plan.kernels module
+tests/golden/ (tools/blas_pin.py says why).  Then it imports coppelius.backends.interpret, which sets
+TRITON_INTERPRET=1 and repairs the interpreter: both must happen before any coppelius.plan.kernels module
 is imported (its kernels are decorated then), so no test module has to import it first.
 """
 import sys
@@ -18,4 +18,4 @@ sys.path.insert(0, str(ROOT))
 from tools.blas_pin import pin  # noqa: E402
 
 pin()
-import host.backend_interpret  # noqa: E402,F401  (the interpreter, before any plan.kernels import)
+import coppelius.backends.interpret  # noqa: E402,F401  (the interpreter, before any coppelius.plan.kernels import)

@@ -12,4 +12,11 @@ PYTHONPATH); only tests and tools import them, never host/, plan/ or staging/.
   bench_checkpoint  checkpoint publish and load against dd + sha256sum
   proxy_train       a PyTorch proxy of the model trained on the embedded stream
   train_tokenizer   the shipped tokenizer from Python's standard library
+  checkout          the checkout as the `coppelius` command with nothing installed
+                    (python3 -m tools.checkout COMMAND)
+  shim              `import coppelius` from the checkout's folders where no install provides it
+                    (mounted here, so every tool runs from a bare checkout)
 """
+from tools import shim
+
+shim.mount()

@@ -23,9 +23,9 @@ import time
 
 import numpy as np
 
-from host import checkpoint as C
-from host import checkpoint_format as F
-from plan import profiles
+from coppelius import checkpoints
+from coppelius.checkpoints import format as CF
+from coppelius.plan import profiles
 
 
 CPU: dict[str, list[float]] = {}          # name → CPU seconds (user + sys) per repeat
@@ -77,18 +77,18 @@ def main() -> int:
                 timed_shell("dd conv=fsync", f"dd if={src} of={dst} bs=4M conv=fsync") +
                 timed_shell("sha256sum (written file)", f"sha256sum {dst}"))
             os.unlink(dst)
-            rows["publish"].append(timed_self("publish", lambda: C.publish(
+            rows["publish"].append(timed_self("publish", lambda: checkpoints.publish(
                 ckpt, prof, P, M, V, update_count=1000)))
             rows["dd + sha256sum (read)"].append(
                 timed_shell("dd of=/dev/null", f"dd if={ckpt} of=/dev/null bs=4M")
                 + timed_shell("sha256sum (checkpoint)", f"sha256sum {ckpt}"))
             rows["dd | sha256sum"].append(timed_shell("dd | sha256sum", f"dd if={ckpt} bs=4M | sha256sum"))
-            rows["load"].append(timed_self("load", lambda: C.load_chunks(
+            rows["load"].append(timed_self("load", lambda: checkpoints.load_chunks(
                 ckpt, prof, lambda offset, view: None)))
-        load_planes = timed_self("load into numpy planes", lambda: C.load(ckpt, prof))
+        load_planes = timed_self("load into numpy planes", lambda: checkpoints.load(ckpt, prof))
         med = {k: statistics.median(v) for k, v in rows.items()}
         print(f"profile {prof.name}: payload {prof.payload_bytes:,} bytes, file "
-              f"{F.HEADER_BYTES + prof.payload_bytes:,} bytes, {args.repeats} repeats (median)")
+              f"{CF.HEADER_BYTES + prof.payload_bytes:,} bytes, {args.repeats} repeats (median)")
         for k, v in med.items():
             print(f"  {k:28s} {v:6.2f} s  {mb / v:7.0f} MB/s   runs "
                   + " ".join(f"{x:.2f}" for x in rows[k]))

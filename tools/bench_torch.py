@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from plan import profiles, reference
+from coppelius.plan import profiles, reference
 
 VARIANTS = {"eager": None, "reduce-overhead": "reduce-overhead", "default": "default"}
 AGREE_ATOL = 1e-2       # max |Δ mean ce| over the first steps: same model, different rounding points
@@ -163,7 +163,7 @@ def bench_torch_variant(torch, variant, profile, P0, contexts, device, warmup, a
 
 def coppelius_figures(result: Path, warmup: int, steps: int) -> dict:
     """The Coppelius side from a result file: per-step losses and the timestamp table's times."""
-    from host.result_file import read
+    from coppelius.results.reader import read
     rf = read(result)
     if int(rf.status["c0"]) != 0:
         raise SystemExit(f"{result}: continued from update {int(rf.status['c0'])}; the side by "
@@ -173,7 +173,7 @@ def coppelius_figures(result: Path, warmup: int, steps: int) -> dict:
     u = rf.update_entries()[:steps]
     device_ms = (u["device_final_ns"].astype(np.int64) - u["device_prelaunch_ns"].astype(np.int64)) / 1e6
     fence_ms = np.diff(u["host_fence_ns"].astype(np.int64)) / 1e6       # (steps-1,) fence i-1 → i
-    from staging import records as R
+    from coppelius.staging import records as R
     return {"profile": rf.profile.name, "backend": R.BACKENDS.get(int(rf.status["backend"]), "?"),
             "losses": [float(x) for x in rf.step_losses()[:steps]],
             "ms_p50": _p50(fence_ms[max(warmup - 1, 0):]),
@@ -182,7 +182,7 @@ def coppelius_figures(result: Path, warmup: int, steps: int) -> dict:
 
 def run_coppelius(profile, tokens, steps, backend, workdir: Path,
                   fence_timeout_s: float | None = None) -> Path:
-    from host.run import Request, run
+    from coppelius.run.loop import Request, run
     ckpt = workdir / "bench.ckpt"
     ckpt.write_bytes(b"")
     result = workdir / "bench-result.bin"
@@ -248,12 +248,12 @@ def parse(argv=None):
 def coppelius_side(args, out: JsonOut):
     """(profile, steps, warmup, agree, contexts, the Coppelius figures): from --result, or from a
     run made here first."""
-    from staging import synthetic
-    from staging.tokens import TokenCache
+    from coppelius.staging import synthetic
+    from coppelius.staging.tokens import TokenCache
     with tempfile.TemporaryDirectory(prefix="coppelius-bench-") as tmp:
         workdir = Path(tmp)
         if args.result is not None:
-            from host.result_file import read
+            from coppelius.results.reader import read
             profile = profiles.get(read(args.result).profile.name)
         else:
             profile = profiles.get(args.profile)

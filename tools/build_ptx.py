@@ -13,7 +13,7 @@ and the reference have none either).  Same sources → same bytes: the PTX carri
 or debug info, and each worker compiles into a fresh Triton cache.
 
 manifest.json: {"profile", "target", "triton", "ptx_isa", "fp_fusion", "kernels": {entry: {
-"file", "sha256" (of the PTX file's bytes, checked by host/ptx.py at load), "entry" (the PTX
+"file", "sha256" (of the PTX file's bytes, checked by host/backends/cuda/ptx.py at load), "entry" (the PTX
 .entry symbol), "module", "function", "params": [{"name", "type", "hidden"}], "threads",
 "shared" (dynamic shared memory bytes), "num_warps", "num_stages", "global_scratch": {"size",
 "align"}, "profile_scratch": {"size", "align"}, "constexprs", "divisible_by_16": [parameter
@@ -35,7 +35,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from plan import launches, profiles  # plain data: no Triton in this process
+from coppelius.plan import launches, profiles  # plain data: no Triton in this process
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -50,7 +50,7 @@ DEFAULT_OUT = ROOT / "kernels_ptx"
 
 
 def _no_cubin(*args):
-    """Triton stage hook: stop at PTX (the host loads PTX only; tests/test_ptx.py runs ptxas)."""
+    """Triton stage hook: stop at PTX (the host loads PTX only; tests/tools/test_ptx.py runs ptxas)."""
     if not args:
         return "coppelius-ptx-only", "0"
     stages = args[1]
@@ -256,7 +256,7 @@ def main(argv=None) -> int:
     if a.check and a.report:
         ap.error("--check and --report are separate commands")
     if a.report:
-        from host.errors import UserError
+        from coppelius.staging.errors import UserError
         try:
             for pname in a.profile or ["coppelius"]:
                 for target in a.target or ["sm_90a"]:

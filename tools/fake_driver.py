@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
-from staging import layout as SL
+from coppelius.staging import layout as L
 
 DEVICE_ALIAS = 0x7000_0000_0000        # mapped memory's device address = host address + this
 
@@ -314,8 +314,8 @@ class _Graphs:
                 seq = ctypes.c_uint32.from_address(self.to_host(doorbell)).value
                 if f == "release_stage_in":           # 8 KiB record, then the doorbell
                     src, dst = (ctypes.c_uint64.from_address(ptrs[i]).value for i in (2, 3))
-                    ctypes.memmove(self.to_host(dst), self.to_host(src), SL.INPUT_RECORD_BYTES)
-                    doorbell_copy = self.to_host(dst) + SL.INPUT_RECORD_BYTES
+                    ctypes.memmove(self.to_host(dst), self.to_host(src), L.INPUT_RECORD_BYTES)
+                    doorbell_copy = self.to_host(dst) + L.INPUT_RECORD_BYTES
                     ctypes.c_uint32.from_address(doorbell_copy).value = seq
                 base = self.to_host(slot)
                 ctypes.c_uint64.from_address(base + 8).value = time.time_ns()

@@ -18,7 +18,9 @@
 # per-test timeout.  --profile P / --tiny-steps N: GPU mode's production phases on another profile
 # and the tiny phase on fewer steps.
 # Everything is in tools/gpu_check/ (python -m tools.gpu_check); this wrapper only picks the
-# Python and the import path.
+# Python and the import path.  Nothing is installed: `coppelius` is the checkout itself, through
+# the same shim as `python3 -m tools.checkout COMMAND` (tools/shim.py), and every command the
+# check runs is `python -m tools.checkout …`.
 # Packages missing on the GPU image can travel as wheels in .whl/.
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -34,7 +34,7 @@ PROFILE = "tiny"
 
 
 def cli(*args, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "host.cli", *map(str, args)], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "coppelius.cli", *map(str, args)], cwd=ROOT,
                           capture_output=True, text=True, **kw)
 
 

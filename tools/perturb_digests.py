@@ -4,7 +4,7 @@ bisect's demonstration and its tests (README: "Which kernel diverged").
   python -m tools.perturb_digests --launch layers.0.mlp.swiglu run --profile tiny \\
       --backend interpret --steps 1 --digests perturbed.json [the rest of `coppelius run`]
 
-After the chosen launch runs alone in the replay (host/digest_replay.py), one element of one of its
+After the chosen launch runs alone in the replay (host/run/digest_replay.py), one element of one of its
 write regions is multiplied by `--factor` (by default the sampled element of largest |x| of its
 first compared write, doubled) before the writes are summarized, so every later launch sees it: a
 stand-in for a kernel that computes one wrong value.  The issued step and the run's result file are
@@ -18,8 +18,9 @@ import sys
 
 import numpy as np
 
-from host import cmd_run, digests
-from host.errors import UserError
+from coppelius.cli import run as cmd_run
+from coppelius.results import digests
+from coppelius.staging.errors import UserError
 
 DEFAULT_FACTOR = 2.0
 
@@ -37,7 +38,7 @@ def _element(values: np.ndarray, element: int | None) -> int:
 
 def perturbation(label: str, factor: float = DEFAULT_FACTOR, write: int = 0,
                  element: int | None = None):
-    """A replay hook (host/digest_replay.replay's `perturb`): after launch `label`, element
+    """A replay hook (host/run/digest_replay.replay's `perturb`): after launch `label`, element
     `element` of its `write`-th compared write region multiplied by `factor` in that region's
     dtype.  The hook's `.done` lists (label, region name, element, old value, new value)."""
     done = []

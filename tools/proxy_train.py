@@ -14,7 +14,7 @@ copy-block loss (mean loss on the content rows of copy blocks, floor 0) and the 
   python -m tools.proxy_train --stream old ...      # the earlier generator, frozen below
   python -m tools.proxy_train --design copy_reach=1,successors=8 ...   # explore other designs
 
-Not part of `make test` (tests/test_synthetic.py runs it for a few steps on a tiny model).
+Not part of `make test` (tests/staging/test_synthetic.py runs it for a few steps on a tiny model).
 """
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-from plan import profiles
-from staging import synthetic
+from coppelius.plan import profiles
+from coppelius.staging import synthetic
 
 INIT_STD = 0.02
 RMS_EPS = 1e-6

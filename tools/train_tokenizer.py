@@ -2,7 +2,7 @@
 
     .venv/bin/python -m tools.train_tokenizer [-o plan/data/tokenizer.json] [--vocab 12288]
 
-Pieces come from host.tokenizer.PIECE_PATTERN (GPT-2's split with ASCII classes), so the
+Pieces come from coppelius.tokenizer.PIECE_PATTERN (GPT-2's split with ASCII classes), so the
 host's cached piecewise encoder reproduces the tokenizer exactly.  Id 0 is `<|endoftext|>` (the document separator `coppelius tokenize` appends after each file);
 the 256 byte symbols are always present, so any text encodes.
 """
@@ -12,9 +12,9 @@ import argparse
 import sys
 import time
 
-from host.tokenizer import (DEFAULT_TOKENIZER, END_OF_TEXT, pre_tokenizer, read_text,
+from coppelius.tokenizer import (DEFAULT_TOKENIZER, END_OF_TEXT, pre_tokenizer, read_text,
                             stdlib_python_files)
-from plan import profiles
+from coppelius.plan import profiles
 
 
 def train(files, vocab: int):

@@ -2,7 +2,7 @@
 the streamed P/M/V loads and stores — used by every kernel that updates parameters: the
 weight-gradient epilogues (matrices, plan/kernels/weight_grad.py), embed_grad and embed_decay (E
 and the two gains).  (The whole-plane form of the same update is the tests' oracle,
-tests/adamw_oracle.py.)  And the plain P → bf16 cast that refreshes the copy after a load or a
+tests/support/adamw_oracle.py.)  And the plain P → bf16 cast that refreshes the copy after a load or a
 fresh init.
 
 t = t_base + doorbell (NUMERICS.md; the doorbell is the device copy the submission's first launch
@@ -13,7 +13,7 @@ matmul reads it: not for the gains and not for the embedding table E (embed_fwd 
 """
 import triton
 import triton.language as tl
-from plan.kernels.grid_dependency import await_previous_grid
+from coppelius.plan.kernels.grid_dependency import await_previous_grid
 
 
 @triton.jit

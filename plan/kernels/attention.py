@@ -25,8 +25,8 @@ of each (kv block, kv head)'s partials in slot order; both epilogues apply the i
 import triton
 import triton.language as tl
 
-from plan.kernels.rotary import load_rope, rotate_tile
-from plan.kernels.grid_dependency import await_previous_grid
+from coppelius.plan.kernels.rotary import load_rope, rotate_tile
+from coppelius.plan.kernels.grid_dependency import await_previous_grid
 
 
 # ---------------------------------------------------------------- forward

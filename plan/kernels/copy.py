@@ -1,7 +1,7 @@
 """Writers: copy fp32 words from a device buffer to staging (record parts, w1, w2, w3)."""
 import triton
 import triton.language as tl
-from plan.kernels.grid_dependency import await_previous_grid
+from coppelius.plan.kernels.grid_dependency import await_previous_grid
 
 
 @triton.jit

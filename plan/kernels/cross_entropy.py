@@ -9,7 +9,7 @@ BLOCK_V ≥ V: a whole row sits in registers, so nothing is read twice.
 """
 import triton
 import triton.language as tl
-from plan.kernels.grid_dependency import await_previous_grid
+from coppelius.plan.kernels.grid_dependency import await_previous_grid
 
 
 @triton.jit

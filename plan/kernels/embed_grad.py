@@ -19,8 +19,8 @@ absent rows' zeros there).  One more program updates the gains from dgain.
 import triton
 import triton.language as tl
 
-from plan.kernels.adamw import adamw_update, bias_corrections
-from plan.kernels.grid_dependency import await_previous_grid
+from coppelius.plan.kernels.adamw import adamw_update, bias_corrections
+from coppelius.plan.kernels.grid_dependency import await_previous_grid
 
 
 @triton.jit

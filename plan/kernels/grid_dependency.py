@@ -6,7 +6,7 @@ first wait until the grids before it in its stream have finished and their memor
 next kernel's launch and block dispatch then overlap this one instead of following it, and still
 no kernel reads or writes memory before its predecessors are done: the bits are a plain launch's.
 The host asks for the overlap per launch (CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
-host/driver_module.py); without it both instructions return at once.  PDL = False (sm_80, which has no
+host/driver/module.py); without it both instructions return at once.  PDL = False (sm_80, which has no
 griddepcontrol, and the interpreter) compiles to nothing.
 """
 import triton

@@ -21,9 +21,9 @@ Operands are rounded to bf16 on load (a no-op for bf16 buffers), exactly bf() of
 import triton
 import triton.language as tl
 
-from plan.kernels import meta
-from plan.kernels.rotary import load_rope, rotate_tile
-from plan.kernels.grid_dependency import await_previous_grid
+from coppelius.plan.kernels import meta
+from coppelius.plan.kernels.rotary import load_rope, rotate_tile
+from coppelius.plan.kernels.grid_dependency import await_previous_grid
 
 EPI_F32 = tl.constexpr(meta.EPI_F32)
 EPI_BF16 = tl.constexpr(meta.EPI_BF16)

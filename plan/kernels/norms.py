@@ -14,10 +14,10 @@ forward), never stored.
 import triton
 import triton.language as tl
 
-from plan.kernels import meta
-from plan.kernels.embed_grad import store_next_rows
-from plan.kernels.rotary import store_rope
-from plan.kernels.grid_dependency import await_previous_grid
+from coppelius.plan.kernels import meta
+from coppelius.plan.kernels.embed_grad import store_next_rows
+from coppelius.plan.kernels.rotary import store_rope
+from coppelius.plan.kernels.grid_dependency import await_previous_grid
 
 RMS_EPS = tl.constexpr(meta.RMS_EPS)
 

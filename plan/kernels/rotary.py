@@ -11,7 +11,7 @@ load it.  Computing it in the epilogues instead spilled 1.4–2.3 KB per thread 
 import triton
 import triton.language as tl
 
-LN_ROPE_BASE = tl.constexpr(9.210340371976184)   # ln(10000) (plan.profiles.ROPE_BASE), float64
+LN_ROPE_BASE = tl.constexpr(9.210340371976184)   # ln(10000) (coppelius.plan.profiles.ROPE_BASE), float64
 
 
 @triton.jit

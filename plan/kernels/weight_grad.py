@@ -7,7 +7,7 @@ Its (BLOCK_M, BLOCK_N) tile of the gradient never leaves registers: the epilogue
 whole-plane update) to the same tile of P, M and V (every matrix decays) and stores bf(p) into the
 bf16 copy.  So the launch must run after the last launch that reads the old bf16 weight (the dh/dx
 product of the same weight); the launch lists fork it there, on the side lane of the update's
-graph (plan/launch_graph.py).
+graph (plan/launches/graph.py).
 
 Tiles: those of product 0, then those of product 1 (PRODUCTS = 2), in one numbering.  The grid
 may be smaller than the tile count: program pid runs tiles pid, pid + programs, … in turn (each
@@ -26,9 +26,9 @@ flight 24 more, past what ptxas fits without a spill; two CTAs per SM overlap th
 import triton
 import triton.language as tl
 
-from plan.kernels.adamw import adamw_update, bias_corrections, load_pmv, store_pmv
-from plan.kernels.matmul import _accumulate, _tile_ids, col_pieces
-from plan.kernels.grid_dependency import await_previous_grid
+from coppelius.plan.kernels.adamw import adamw_update, bias_corrections, load_pmv, store_pmv
+from coppelius.plan.kernels.matmul import _accumulate, _tile_ids, col_pieces
+from coppelius.plan.kernels.grid_dependency import await_previous_grid
 
 PIECE = tl.constexpr(8)     # columns of one epilogue piece: a warp's 16 accumulator rows × 8
 VEC = tl.constexpr(4)       # elements per thread and access: 16-byte fp32 loads and stores

@@ -57,7 +57,7 @@ The modules, each importing only those above it:
   kernels*.py      the kernel families' entries, registered in kernels.REGISTRY
   kernel_stats.py  ptxas -v on the committed PTX; occupancy
   bounds.py        one launch's bounds in one scenario, on some SMs
-  fresh.py         bytes a launch reads that its predecessors just wrote (plan/launch_regions.py)
+  fresh.py         bytes a launch reads that its predecessors just wrote (plan/launches/regions.py)
   per_launch.py    each launch alone on the chip (LaunchCost), a submission's list (model)
   sm_sim.py        the block scheduler: grids' CTAs on 132 SMs, event by event
   lanes.py         the submission's graph replayed on two lanes (per lane start, end, critical)

@@ -6,10 +6,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from host.errors import UserError
-from plan import profiles
+from coppelius.staging.errors import UserError
+from coppelius.plan import profiles
 
-from .report import report
+from tools.cost.report import report
 
 
 def main(argv=None) -> int:

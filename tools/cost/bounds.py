@@ -5,10 +5,10 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
-from .inputs import (ALU_PER_CLK, BF16_FLOPS, CLOCK_HZ, DEP_OP_CYCLES, HBM_BW, HBM_LATENCY, L2_BW,
+from tools.cost.inputs import (ALU_PER_CLK, BF16_FLOPS, CLOCK_HZ, DEP_OP_CYCLES, HBM_BW, HBM_LATENCY, L2_BW,
                      L2_LATENCY, L2_RESIDENT, MUFU_PER_CLK, PCIE_BW, PCIE_IN_FLIGHT, PCIE_LATENCY,
                      PHASE, SM_L2_BW, SMS, STAGING_CACHED)
-from .work import Programs, Step, Work, cdiv, lines
+from tools.cost.work import Programs, Step, Work, cdiv, lines
 
 
 def step_time(st: Step, s: str) -> float:

@@ -1,6 +1,6 @@
 """Bytes a launch reads that a launch it waits for has just written: L2 hits, not HBM reads.
 
-A launch's reads and writes are plan/launch_regions.py's regions (exact, and tested against the
+A launch's reads and writes are plan/launches/regions.py's regions (exact, and tested against the
 kernels).  For launch i and each launch j it waits for (`Submission.deps[i]`: its lane's previous
 launch and the other lane's it is after), every byte of a read region of i inside a write region
 of j is *fresh*: j wrote it a moment ago, so it is still in L2 while j's writes fit there —
@@ -11,9 +11,9 @@ older launches left in L2 is not claimed.
 """
 from __future__ import annotations
 
-from plan.launch_regions import STAGING, Region, RegionError, regions
+from coppelius.plan.launches.regions import STAGING, Region, RegionError, regions
 
-from .inputs import L2_BYTES
+from tools.cost.inputs import L2_BYTES
 
 
 def _bytes(r: Region) -> float:

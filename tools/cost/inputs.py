@@ -71,7 +71,7 @@ LAUNCH = Range(1.5e-6, 2.5e-6, 3.5e-6,
                "docs/PERFORMANCE.md's kernels section found no published per-node figure")
 LAUNCH_PDL = Range(
     0.7e-6, 1.2e-6, 2.5e-6,
-    "assumption, for an edge captured programmatically (plan/launch_graph.programmatic): the next "
+    "assumption, for an edge captured programmatically (plan/launches/graph.programmatic): the next "
     "grid is launched and its blocks dispatched while this one works (CUDA Programming Guide, "
     "programmatic dependent launch), so the edge keeps this grid's completion and memory flush, "
     "the wait's release and the next grid's first loads; pessimistic: only the launch processing "
@@ -119,11 +119,11 @@ STREAM_PRIORITY = (
 L2_BYTES = 60e6                   # KINDS.md: PyTorch reported 60 MB of L2 on this H200
 
 EMBED_CHAIN = 9   # longest dE chain: the most frequent id's count in a context.  Measured on this
-#                   machine: staging.synthetic.generate(coppelius), first 200 contexts: median 9,
+#                   machine: coppelius.staging.synthetic.generate(coppelius), first 200 contexts: median 9,
 #                   range 5–15 (the marker M0 of the Markov blocks, in embed_grad's program 0)
 
 EMBED_DISTINCT = 323  # distinct ids in a context: E's rows embed_grad updates (the rest are
-#                       embed_decay's).  Measured on this machine: staging.synthetic.generate(coppelius),
+#                       embed_decay's).  Measured on this machine: coppelius.staging.synthetic.generate(coppelius),
 #                       first 200 contexts, np.unique: median 323, range 113–560 (2026-12-01)
 
 INPUTS = {name: value for name, value in globals().items() if isinstance(value, Range)}

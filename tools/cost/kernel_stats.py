@@ -10,11 +10,11 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from host.errors import UserError
+from coppelius.staging.errors import UserError
 
-from .inputs import (BLOCKS_PER_SM, REG_ALLOC_UNIT, REGS_PER_SM, SMEM_ALLOC_UNIT, SMEM_PER_BLOCK,
+from tools.cost.inputs import (BLOCKS_PER_SM, REG_ALLOC_UNIT, REGS_PER_SM, SMEM_ALLOC_UNIT, SMEM_PER_BLOCK,
                      SMEM_PER_SM, SMEM_RESERVED, SUBPARTITIONS, THREADS_PER_SM)
-from .work import cdiv
+from tools.cost.work import cdiv
 
 ROOT = Path(__file__).resolve().parents[2]
 PTX_DIR = ROOT / "kernels_ptx"

@@ -10,7 +10,7 @@ whose staging arguments the entry does not account for.
 """
 from __future__ import annotations
 
-from . import kernels_attention, kernels_matmul, kernels_rows  # noqa: F401  (they register)
-from .work import REGISTRY
+from tools.cost import kernels_attention, kernels_matmul, kernels_rows  # noqa: F401  (they register)
+from tools.cost.work import REGISTRY
 
 __all__ = ["REGISTRY"]

@@ -2,9 +2,9 @@
 plan/attention_split.py)."""
 from __future__ import annotations
 
-from plan.attention_split import AttentionSplit
+from coppelius.plan.attention_split import AttentionSplit
 
-from .work import Programs, Step, View, Work, family
+from tools.cost.work import Programs, Step, View, Work, family
 
 
 # -- attention (plan/attention_split.py): one warpgroup per program, trips over 64-row blocks;

@@ -2,7 +2,7 @@
 with AdamW in their epilogue (plan/kernels/weight_grad.py, the side lane)."""
 from __future__ import annotations
 
-from .work import (PMV_BYTES, Programs, Step, View, Work, add_steps, cdiv, doorbell_read, family,
+from tools.cost.work import (PMV_BYTES, Programs, Step, View, Work, add_steps, cdiv, doorbell_read, family,
                    scale_step, uniform)
 
 

@@ -2,11 +2,11 @@
 streams (casts, copies, predictions) and the hand-written releases."""
 from __future__ import annotations
 
-from plan import launches
-from staging import layout as SL
+from coppelius.plan import launches
+from coppelius.staging import layout as L
 
-from .inputs import EMBED_CHAIN, EMBED_DISTINCT
-from .work import (ADAMW_ALU, ADAMW_MUFU, PMV_BYTES, Programs, Staging, Step, View, Work, add_steps,
+from tools.cost.inputs import EMBED_CHAIN, EMBED_DISTINCT
+from tools.cost.work import (ADAMW_ALU, ADAMW_MUFU, PMV_BYTES, Programs, Staging, Step, View, Work, add_steps,
                    cdiv, doorbell_read, family, lines, uniform)
 
 
@@ -242,7 +242,7 @@ def _release_stage_in(v: View) -> Work:
     # one block: every thread reads 2 × 16 B of the input record from staging (64 lines in
     # flight together: one round trip), stores them; thread 0 then reads the doorbell (a second
     # round trip), stores it, fence.acq_rel.sys (a third), 16 B of semaphore record out
-    record = SL.INPUT_RECORD_BYTES
+    record = L.INPUT_RECORD_BYTES
     step = Step(load_bytes=0, store_bytes=record + 4, staging_trips=3, alu_ops=record // 4)
     return Work((uniform(v.programs, 1, step),), hbm_bytes=record + 4,
                 staging=(Staging("record_ptr", read_bytes=record, read_requests=2 * record // 32,

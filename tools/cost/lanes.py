@@ -1,13 +1,13 @@
 """A submission's time as its dependency graph runs it: two lanes, one chip, CTA by CTA.
 
 The update's weight-gradient launches (AdamW in their epilogues) run on a side lane, concurrent
-with the main lane's critical dx/dh chain (plan/launch_graph.py).  The per-launch model
+with the main lane's critical dx/dh chain (plan/launches/graph.py).  The per-launch model
 (per_launch.py) costs each launch alone on the whole chip; this module replays the graph on the
 block scheduler's terms (sm_sim.py): every launch's CTAs, each as long as its program's serial
 chain (bounds.durations) stretched so that the launch alone takes what the per-launch model
 says (its binding bound: tensor, pipes, L2, HBM or the chain itself), placed on SMs as their
 registers and shared memory free up, the grids of the plan's priority lane
-(plan/launch_graph.PRIORITY_LANE, the stream the cuda backend captures it on) ahead of the
+(plan/launches/graph.PRIORITY_LANE, the stream the cuda backend captures it on) ahead of the
 other's, then in launch order; a programmatic edge lets a grid's CTAs sit resident at their wait;
 HBM and L2 bandwidth shared.
 
@@ -23,12 +23,13 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from plan import launch_graph, launches
-from plan.launch_types import LANES, MAIN_LANE, SIDE_LANE
+from coppelius.plan.launches import graph as launch_graph
+from coppelius.plan import launches
+from coppelius.plan.launches.types import LANES, MAIN_LANE, SIDE_LANE
 
-from .bounds import durations, hbm_bytes
-from .inputs import HBM_BW, L2_BW, LAUNCH, LAUNCH_PDL, SCENARIOS
-from .sm_sim import Grid, Sim, footprint
+from tools.cost.bounds import durations, hbm_bytes
+from tools.cost.inputs import HBM_BW, L2_BW, LAUNCH, LAUNCH_PDL, SCENARIOS
+from tools.cost.sm_sim import Grid, Sim, footprint
 
 LANE_NAMES = {MAIN_LANE: "main", SIDE_LANE: "side"}
 NOOP = "noop"                 # the device check's no-op kernel: one thread, no work, full edges
@@ -63,7 +64,7 @@ def grid(launch, cost, s: str, rank: int = 0) -> Grid:
 
 
 def noop_cost(cost):
-    """A launch replaced by the device check's no-op kernel (host/cuda_capture.py NOOP_GRID)."""
+    """A launch replaced by the device check's no-op kernel (host/backends/cuda/capture.py NOOP_GRID)."""
     return dataclasses.replace(cost, function=NOOP, programmatic=False)
 
 

@@ -7,11 +7,11 @@ import json
 import math
 from pathlib import Path
 
-from host.errors import UserError
+from coppelius.staging.errors import UserError
 
-from .inputs import SCENARIOS
-from .per_launch import LaunchCost
-from .table import fmt_us
+from tools.cost.inputs import SCENARIOS
+from tools.cost.per_launch import LaunchCost
+from tools.cost.table import fmt_us
 
 
 def read_measured(path: Path) -> list[dict]:

@@ -5,18 +5,18 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from host.errors import UserError
-from plan import launches  # plain data: no Triton here
-from plan.buffers import buffers
-from plan.launch_graph import programmatic
+from coppelius.staging.errors import UserError
+from coppelius.plan import launches  # plain data: no Triton here
+from coppelius.plan.buffers import buffers
+from coppelius.plan.launches.graph import programmatic
 
-from .bounds import PerProgram, bounds
-from .fresh import fresh_bytes
-from .inputs import LAUNCH, SCENARIOS, SMS
-from .kernel_stats import KernelStats, occupancy
-from .kernels import REGISTRY
-from .ptx_chain import chain_of
-from .work import View, Work, cdiv
+from tools.cost.bounds import PerProgram, bounds
+from tools.cost.fresh import fresh_bytes
+from tools.cost.inputs import LAUNCH, SCENARIOS, SMS
+from tools.cost.kernel_stats import KernelStats, occupancy
+from tools.cost.kernels import REGISTRY
+from tools.cost.ptx_chain import chain_of
+from tools.cost.work import View, Work, cdiv
 
 
 @dataclass

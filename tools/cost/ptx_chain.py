@@ -45,9 +45,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from .ptx_levels import State
-from .ptx_ops import Ops, count_ops
-from .ptx_parse import Block, Loop, blocks_of, entry_bodies, natural_loops
+from tools.cost.ptx_levels import State
+from tools.cost.ptx_ops import Ops, count_ops
+from tools.cost.ptx_parse import Block, Loop, blocks_of, entry_bodies, natural_loops
 
 TRIPS = 8                      # trips of a loop body walked for its steady-state round trips
 PTX_DIR = Path(__file__).resolve().parents[2] / "kernels_ptx"

@@ -3,7 +3,7 @@ levels of registers, of memory ordering, of shared memory and of cp.async groups
 one PTX instruction at a time."""
 from __future__ import annotations
 
-from .ptx_parse import Instr
+from tools.cost.ptx_parse import Instr
 
 
 def _is_global_load(op: str) -> bool:

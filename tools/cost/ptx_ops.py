@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .inputs import DIV_RN_F32, SQRT_RN_F32
+from tools.cost.inputs import DIV_RN_F32, SQRT_RN_F32
 
 MUFU_OPS = ("ex2.approx", "lg2.approx", "rcp.approx", "rsqrt.approx", "sin.approx",
             "cos.approx", "tanh.approx", "sqrt.approx", "div.approx", "div.full")

@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from plan import launches, profiles
+from coppelius.plan import launches, profiles
 
-from .kernel_stats import KernelStats, ptxas_stats
-from .lanes import replay
-from .measured import compare, read_measured
-from .per_launch import model
-from .table import floors, table, to_json
+from tools.cost.kernel_stats import KernelStats, ptxas_stats
+from tools.cost.lanes import replay
+from tools.cost.measured import compare, read_measured
+from tools.cost.per_launch import model
+from tools.cost.table import floors, table, to_json
 
 
 def lanes_of(profile, submission: str) -> dict[str, int]:

@@ -2,7 +2,7 @@
 per-kernel table of dependent round trips the PTX pass counts."""
 from __future__ import annotations
 
-from .inputs import L2_RESIDENT, LAUNCH, LAUNCH_PDL, SCENARIOS
+from tools.cost.inputs import L2_RESIDENT, LAUNCH, LAUNCH_PDL, SCENARIOS
 
 
 

@@ -7,7 +7,7 @@ block slot.  A CTA is placed on an SM only where its whole footprint is free, so
 registers fill an SM (weight_grad: 250 × 256 threads) needs an SM with nothing on it.
 
   dispatch   grids dispatch one at a time, by priority (Grid.priority: its stream's rank, the
-             plan's plan/launch_graph.PRIORITY_LANE), then in the order they were launched: the
+             plan's plan/launches/graph.PRIORITY_LANE), then in the order they were launched: the
              first grid in that order that still has CTAs to place takes every SM as it frees
              up, and no grid after it places a CTA before it has placed all of its own (so a
              grid that waits for an empty SM holds back the grids behind it, and one that fills
@@ -32,9 +32,9 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
-from .inputs import (BLOCKS_PER_SM, REG_ALLOC_UNIT, REGS_PER_SM, SMEM_ALLOC_UNIT, SMEM_PER_SM,
+from tools.cost.inputs import (BLOCKS_PER_SM, REG_ALLOC_UNIT, REGS_PER_SM, SMEM_ALLOC_UNIT, SMEM_PER_SM,
                      SMEM_RESERVED, SMS, SUBPARTITIONS, THREADS_PER_SM)
-from .work import cdiv
+from tools.cost.work import cdiv
 
 CAPACITY = (REGS_PER_SM // SUBPARTITIONS,) * SUBPARTITIONS + (SMEM_PER_SM, THREADS_PER_SM,
                                                               BLOCKS_PER_SM)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, fields
 
-from .inputs import BF16_FLOPS, HBM_BW, INPUTS, L2_BW, L2_RESIDENT, LAUNCH, LAUNCH_PDL, SCENARIOS
-from .per_launch import LaunchCost
-from .sections import lanes_text, round_trips_table
+from tools.cost.inputs import BF16_FLOPS, HBM_BW, INPUTS, L2_BW, L2_RESIDENT, LAUNCH, LAUNCH_PDL, SCENARIOS
+from tools.cost.per_launch import LaunchCost
+from tools.cost.sections import lanes_text, round_trips_table
 
 
 def totals(costs) -> dict[str, float]:

@@ -12,10 +12,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
-from plan.buffers import DTYPE_BYTES
-from plan.ints import cdiv
+from coppelius.plan.buffers import DTYPE_BYTES
+from coppelius.plan.ints import cdiv
 
-from .inputs import LINE
+from tools.cost.inputs import LINE
 
 
 @dataclass(frozen=True)

@@ -37,10 +37,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import device as D
-from . import phases as P
-from .out import MAX_OUT_FILES, OUT_FILES  # noqa: F401  (the check's API)
-from .runner import (HARD_SLACK_S, Check, Context, Done, Phase, PhaseFailed,  # noqa: F401
+from tools.gpu_check import device as D
+from tools.gpu_check import phases
+from tools.gpu_check.out import MAX_OUT_FILES, OUT_FILES  # noqa: F401  (the check's API)
+from tools.gpu_check.runner import (HARD_SLACK_S, Check, Context, Done, Phase, PhaseFailed,  # noqa: F401
                      PhaseTimeout)
 
 FENCE_TIMEOUT_S = 20.0          # every cuda run and tool in the check (a run's default is 120 s)
@@ -117,7 +117,7 @@ DRY = Mode("dry-run", backend="interpret", production="tiny", production_steps=8
 def for_profile(mode: Mode, profile: str | None, tiny_steps: int | None) -> Mode:
     """`mode` with its production phases on `profile` (their steps cut to the profile's, the
     continuation its two halves) and the tiny phase's runs on `tiny_steps`."""
-    from plan import profiles
+    from coppelius.plan import profiles
     out = mode
     if profile is not None and profile != mode.production:
         n = min(mode.production_steps, profiles.get(profile).steps)
@@ -130,12 +130,12 @@ def for_profile(mode: Mode, profile: str | None, tiny_steps: int | None) -> Mode
 
 PHASES = [
     Phase("doctor", "1. doctor: driver, device, target, every module as the driver reports it",
-          P.phase_doctor),
+          phases.phase_doctor),
     Phase("tiny", "2. tiny on cuda: two runs bit-identical, verify, the interpret golden, its digests bisected",
-          P.phase_tiny),
+          phases.phase_tiny),
     Phase("production", "3. production: 200 steps timed, verify, a continuation",
-          P.phase_production),
-    Phase("full-run", "4. the full production run with its publications", P.phase_full_run),
+          phases.phase_production),
+    Phase("full-run", "4. the full production run with its publications", phases.phase_full_run),
     Phase("per-launch", "5. per-launch timing beside the cost model, graph vs launches",
           D.phase_per_launch),
     Phase("experiments", "6. experiments: edges, lanes, the side lane (graph replays)",
@@ -143,7 +143,7 @@ PHASES = [
     Phase("sanitizer", "7. compute-sanitizer: memcheck of tiny steps, racecheck of attention "
           "and weight gradients", D.phase_sanitizer),
     Phase("gpu-tests", "8. pytest -m gpu (what the phases before did not cover)",
-          P.phase_gpu_tests),
+          phases.phase_gpu_tests),
     Phase("torch", "9. PyTorch eager and reduce-overhead side by side (capped)", D.phase_torch),
     Phase("torch-default", "10. torch.compile default mode (capped)", D.phase_torch_default),
 ]
@@ -170,7 +170,7 @@ def main(argv=None) -> int:
     if a.tiny_steps is not None and a.tiny_steps < 1:
         ap.error(f"--tiny-steps must be at least 1, got {a.tiny_steps}")
     if a.profile is not None:
-        from plan import profiles
+        from coppelius.plan import profiles
         if a.profile not in profiles.names():
             ap.error(f"unknown profile {a.profile!r}: one of {', '.join(profiles.names())}")
     mode = for_profile(mode, a.profile, a.tiny_steps)

@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .runner import Context, Done
+from tools.gpu_check.runner import Context, Done
 
 LAST_ISSUES = 4         # timestamp rows of a failed run quoted in the report
 FAKE = "tools.gpu_check.fake"       # the dry run's driver: tools/fake_driver.py
@@ -31,8 +31,8 @@ def cli(ctx: Context, *args, needs_triton: bool = False) -> list:
     """`coppelius ARGS`; in the dry run a step that must not need Triton runs with it blocked
     (and the fake driver installed: it is never used by a step that reaches no GPU)."""
     if ctx.mode.fake and not needs_triton:
-        return [sys.executable, "-m", FAKE, "--no-triton", "-m", "host.cli", *args]
-    return [sys.executable, "-m", "host.cli", *args]
+        return [sys.executable, "-m", FAKE, "--no-triton", "-m", "tools.checkout", *args]
+    return [sys.executable, "-m", "tools.checkout", *args]
 
 
 def cuda_tool(ctx: Context, module: str, *args) -> list:
@@ -85,7 +85,7 @@ def fresh_runs(ctx: Context, specs: list[tuple[str, str, int | None]]) -> list[F
     """Several fresh runs at once, in parallel: the i-th run of a (profile, steps) in the list is
     keyed (profile, backend, steps, i), so two alike in one call are two runs, and a later
     phase's first such run reuses an earlier phase's."""
-    from plan import profiles
+    from coppelius.plan import profiles
     made_before = set(ctx.check.runs)
     keys, todo, seen = [], {}, {}
     for label, profile, steps in specs:

@@ -15,9 +15,9 @@ import shutil
 import sys
 from pathlib import Path
 
-from .commands import cli, cuda_tool, expect_run, production_run
-from .report import fmt
-from .runner import Context, PhaseTimeout
+from tools.gpu_check.commands import cli, cuda_tool, expect_run, production_run
+from tools.gpu_check.report import fmt
+from tools.gpu_check.runner import Context, PhaseTimeout
 
 SANITIZER = "compute-sanitizer"
 SANITIZER_DIRS = ("/usr/local/cuda/bin",)       # where a CUDA toolkit puts it off PATH

@@ -8,7 +8,7 @@ new Triton PTX) and sets the two side by side with the cost model's prediction o
   side lane's work     the plan's graph against the same graph with each side-lane launch replaced
                        by a hand-written no-op kernel: if the graph barely moves the side lane is
                        hidden, if it drops by hundreds of µs it is the critical path;
-  stream priority      the plan's priority lane (plan/launch_graph.PRIORITY_LANE, the cost
+  stream priority      the plan's priority lane (plan/launches/graph.PRIORITY_LANE, the cost
                        model's choice) on the higher-priority stream against no stream
                        priority (every lane at the default);
   side lane alone      each side-lane launch by itself on an idle GPU against its prediction.
@@ -20,11 +20,11 @@ from __future__ import annotations
 import dataclasses
 import statistics
 
-from plan import launches
-from plan.launch_graph import programmatic
-from staging import layout as L
+from coppelius.plan import launches
+from coppelius.plan.launches.graph import programmatic
+from coppelius.staging import layout as L
 
-# capture variants: CudaBackend options (host/backend_cuda.py) -> the graph each captures
+# capture variants: CudaBackend options (host/backends/cuda/backend.py) -> the graph each captures
 PLAN_OPTIONS = {"pdl": True, "one_lane": False, "noop_side_lane": False, "priority": True}
 GRAPH_VARIANTS = {
     "plan": PLAN_OPTIONS,
@@ -87,7 +87,7 @@ def predicted(profile, costs: dict, kernel_pdl: dict) -> dict:
     the graph that variant captures (tools/cost/lanes.py): the plan's; every edge full; one lane
     (the same launches chained on one stream, programmatic where two Triton kernels meet); the
     no-op side lane (each side-lane launch costed as the one-thread no-op kernel, with full
-    edges into and out of it, as host/cuda_capture.py captures it); no stream priority (the
+    edges into and out of it, as host/backends/cuda/capture.py captures it); no stream priority (the
     plan's graph, no lane's grids dispatched ahead of the other's).  The rest under the plan's
     priority lane."""
     if not costs:

@@ -1,9 +1,9 @@
 """The device check's dry run: a module run with tools/fake_driver.py as the CUDA driver.
 
-  python -m tools.gpu_check.fake [--no-triton] -m host.cli doctor --profile tiny --json
+  python -m tools.gpu_check.fake [--no-triton] -m coppelius.cli doctor --profile tiny --json
   python -m tools.gpu_check.fake [--no-triton] -m tools.gpu_check.launches --profile tiny ...
 
-The fake takes the place of `cuda.bindings.driver` (host/driver.py's `_cu`, as the tests install
+The fake takes the place of `cuda.bindings.driver` (host/driver/calls.py's `_cu`, as the tests install
 it), so the cuda backend's host logic runs on a machine without a GPU.  `--no-triton` makes any
 import of triton or torch fail: what the device check runs this way must need neither, because the
 GPU machine's Triton is not the project's pin.  The hook stays here, out of host/: it is the
@@ -31,11 +31,11 @@ class _Blocker(importlib.abc.MetaPathFinder):
 
 
 def install_fake_driver():
-    """host.driver talks to a FakeDriver from here on; returns it."""
-    from host import driver
+    """coppelius.driver.calls talks to a FakeDriver from here on; returns it."""
+    from coppelius.driver import calls as drv
     from tools.fake_driver import FakeDriver
     fake = FakeDriver()
-    driver._cu = fake
+    drv._cu = fake
     return fake
 
 

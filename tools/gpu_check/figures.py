@@ -1,6 +1,6 @@
 """The device check's figures from result files: step timing, publication stalls, continuation bits.
 
-Plain numpy over `host.result_file` (no Triton, no torch, no driver): what the device check
+Plain numpy over `coppelius.results.reader` (no Triton, no torch, no driver): what the device check
 reports for the production and full runs, computed the same way on a GPU run and on a dry run.
 """
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from host.result_file import read
-from staging import layout as L
+from coppelius.results.reader import read
+from coppelius.staging import layout as L
 
 PUBLISHED = re.compile(r"published update (\d+) \(([\d.]+) s\)")   # `coppelius run --quiet` lines
 

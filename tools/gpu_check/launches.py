@@ -42,13 +42,13 @@ from pathlib import Path
 
 import numpy as np
 
-from host import checkpoint as ckpt_mod
-from host.backend_cuda import CudaBackend
-from host.ring import DEFAULT_FENCE_TIMEOUT_S, Ring
-from plan import launches, profiles, reference
-from staging import layout as L
-from staging import synthetic
-from staging.tokens import TokenCache
+from coppelius import checkpoints as ckpt
+from coppelius.backends.cuda.backend import CudaBackend
+from coppelius.run.ring import DEFAULT_FENCE_TIMEOUT_S, Ring
+from coppelius.plan import launches, profiles, reference
+from coppelius.staging import layout as L
+from coppelius.staging import synthetic
+from coppelius.staging.tokens import TokenCache
 
 TOP_N = 12              # launches shown in the summary's table, the longest measured first
 
@@ -58,7 +58,7 @@ def load_payload(backend, profile, checkpoint: Path | None) -> int:
     if checkpoint is None:
         backend.upload_payload(reference.init_parameters(profile).view(np.uint8))
         return 0
-    with ckpt_mod.open_input(checkpoint, profile) as inp:
+    with ckpt.open_input(checkpoint, profile) as inp:
         if inp.fresh:
             backend.upload_payload(reference.init_parameters(profile).view(np.uint8))
             return 0
@@ -151,7 +151,7 @@ def run_only(a, profile) -> int:
 
 def run_experiments(a, profile) -> int:
     """Every capture variant's graph, the side lane alone, predictions and decisions."""
-    from . import experiments as X
+    from tools.gpu_check import experiments as X
     with opened(profile, a.checkpoint, a.directory, a.fence_timeout) as (b, c0):
         graphs = X.measure_graphs(b, c0 - 1, a.repeats)
         alone = b.time_alone(L.SUBMISSION_UPDATE, X.side_lane(profile), a.repeats)

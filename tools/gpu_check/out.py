@@ -15,7 +15,7 @@ import shutil
 import tarfile
 from pathlib import Path
 
-from .report import report_markdown
+from tools.gpu_check.report import report_markdown
 
 MAX_OUT_FILES = 8                    # what a GPU machine's $OUT brings back
 OUT_FILE_LIMIT = 16 * 2**20          # bytes per file it brings back

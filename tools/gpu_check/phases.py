@@ -13,13 +13,13 @@ from pathlib import Path
 
 from tools.make_golden import GOLDEN_DIGESTS
 
-from . import figures as F
-from .commands import cli, expect_run, fresh_run, fresh_runs, run_argv
-from .report import GOLDEN
-from .runner import ROOT, Context, PhaseFailed
+from tools.gpu_check import figures
+from tools.gpu_check.commands import cli, expect_run, fresh_run, fresh_runs, run_argv
+from tools.gpu_check.report import GOLDEN
+from tools.gpu_check.runner import ROOT, Context, PhaseFailed
 
 # GPU tests whose whole check a phase makes: deselected when that phase ran in this check
-COVERED = {"tests/test_cuda_backend.py::test_tiny_run_on_cuda_twice_is_bit_identical_and_verifies":
+COVERED = {"tests/host/backends/test_cuda_backend.py::test_tiny_run_on_cuda_twice_is_bit_identical_and_verifies":
            "tiny"}
 RAN = ("ok", "failed")          # a phase status whose verdict is in the report
 
@@ -103,7 +103,7 @@ def phase_tiny(ctx: Context) -> str:
     d = ctx.sh("diff-a-b", cli(ctx, "diff", a.result, b.result))
     ctx.expect("two fresh runs bit-identical (diff)", d.rc == 0, d)
     ctx.expect("their checkpoints byte-identical",
-               F.file_sha256(a.checkpoint) == F.file_sha256(b.checkpoint))
+               figures.file_sha256(a.checkpoint) == figures.file_sha256(b.checkpoint))
     v = ctx.sh("verify", cli(ctx, "verify", a.result, "--steps", ctx.mode.verify_tiny_steps,
                              "--directory", ctx.check.streams))
     ctx.expect(f"verify --steps {ctx.mode.verify_tiny_steps}", v.rc == 0, v)
@@ -119,7 +119,7 @@ def phase_tiny(ctx: Context) -> str:
                          for s in gj.get("sections", [])][:12],
         identity=[r for r in gj.get("identity", []) if r.get("differs")],
         run_seconds=[round(a.done.seconds, 1), round(b.done.seconds, 1)],
-        tiny=F.run_figures(a.result))
+        tiny=figures.run_figures(a.result))
     ctx.figures.update(_tiny_digests(ctx))
     return (f"runs {a.done.seconds:.0f}+{b.done.seconds:.0f} s, diff exit {d.rc}, verify exit "
             f"{v.rc}, golden: {gj.get('verdict')}; {_bisect_summary(ctx.figures['bisect'])}")
@@ -139,14 +139,14 @@ def _continuation(ctx: Context, ref) -> list:
         r = ctx.sh(f"continuation-{i + 1}", run_argv(ctx, m.production, steps, ckpt, result))
         if not expect_run(ctx, f"continuation run {i + 1} ({steps} steps)", r, result):
             break
-        parts.append(F.windows_match(ref.result, result, 0 if i == 0 else first))
+        parts.append(figures.windows_match(ref.result, result, 0 if i == 0 else first))
     ctx.figures["continuation"] = parts
     if len(parts) == 2:
         ctx.expect(f"steps 0–{first - 1} then {first}–{first + second - 1} in a fresh process: "
                    "loss windows bit-identical to the reference's",
                    all(p["bit_identical"] for p in parts), parts)
         if first + second == m.production_steps:
-            same = F.file_sha256(ckpt) == F.file_sha256(ref.checkpoint)
+            same = figures.file_sha256(ckpt) == figures.file_sha256(ref.checkpoint)
             ctx.expect("the continued checkpoint equals the reference's", same)
     return parts
 
@@ -158,7 +158,7 @@ def phase_production(ctx: Context) -> str:
     ref = fresh_run(ctx, "reference", m.production, m.production_steps)
     if ref.done.rc != 0:
         raise PhaseFailed("the production run failed")
-    ctx.figures["run"] = F.run_figures(ref.result)
+    ctx.figures["run"] = figures.run_figures(ref.result)
     ctx.check.outdir.place("production-result.bin", ref.result)
     # verify (CPU numpy) beside the continuation (its bits matter here, not its timing)
     verify = ctx.start("verify", cli(ctx, "verify", ref.result, "--steps",
@@ -177,12 +177,12 @@ def phase_full_run(ctx: Context) -> str:
     run = fresh_run(ctx, "full", ctx.mode.production)
     if run.done.rc != 0:
         raise PhaseFailed("the full run failed")
-    r = F.run_figures(run.result)
-    from plan import profiles
+    r = figures.run_figures(run.result)
+    from coppelius.plan import profiles
     want = profiles.get(ctx.mode.production).publications
     ctx.expect(f"completed with {want} publications",
                r["outcome"] == "completed" and r["publications"] == want, r)
-    ctx.figures.update(run=r, **F.publication_stalls(run.result, run.done.text))
+    ctx.figures.update(run=r, **figures.publication_stalls(run.result, run.done.text))
     return (f"{r['steps']} steps at {r['steps_per_s']} steps/s, {r['publications']} publications, "
             f"stall ≤ {ctx.figures.get('stall_ms_max')} ms")
 
@@ -205,7 +205,7 @@ def per_test_timeout(seconds: float) -> tuple[list, str]:
 
 
 def gpu_test_files() -> list[str]:
-    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py")
+    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py")
                   if "pytest.mark.gpu" in p.read_text(errors="replace"))
 
 

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from . import figures as F
+from tools.gpu_check import figures
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "golden" / "tiny-result-c0.bin"     # python -m tools.make_golden writes it
@@ -35,7 +35,7 @@ def machine_info() -> dict:
             versions[name] = None
     ptx = {}
     for manifest in sorted((ROOT / "kernels_ptx").glob("*/*/manifest.json")):
-        ptx[str(manifest.parent.relative_to(ROOT / "kernels_ptx"))] = F.file_sha256(manifest)[:16]
+        ptx[str(manifest.parent.relative_to(ROOT / "kernels_ptx"))] = figures.file_sha256(manifest)[:16]
     mem = None
     try:
         line = next(x for x in Path("/proc/meminfo").read_text().splitlines()
@@ -49,7 +49,7 @@ def machine_info() -> dict:
             "cpus": os.cpu_count(), "memory_gib": mem, "packages": versions,
             "git": _cmd(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], 5),
             "ptx_manifests_sha256": ptx,
-            "golden_sha256": F.file_sha256(GOLDEN)[:16] if GOLDEN.exists() else None}
+            "golden_sha256": figures.file_sha256(GOLDEN)[:16] if GOLDEN.exists() else None}
 
 
 def fmt(x, spec: str = ".3f") -> str:

@@ -19,8 +19,8 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from .out import OutDir
-from .report import machine_info, summary_table
+from tools.gpu_check.out import OutDir
+from tools.gpu_check.report import machine_info, summary_table
 
 ROOT = Path(__file__).resolve().parents[2]
 HARD_SLACK_S = 30.0          # a phase may overrun the budget by this much before it is killed

@@ -1,0 +1,3 @@
+"""The run: the loop, the submission ring, the publisher, what a run records about itself, the
+digest replay.
+"""

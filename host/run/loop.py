@@ -1,0 +1,368 @@
+"""The run loop: one invocation = lock, validate, load or initialize, forward, N updates, final, tail.
+
+CONTRACT §2 and §7–§9.  The host never computes model math here: it stages inputs, rings the
+doorbell, waits on fences, appends each step's loss window to the result file, publishes checkpoints
+through the transfer window, and writes the tail — on completion, device failure, host failure or
+interruption.  What the tail's host records hold is host/run/records.py's.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from coppelius.plan import profiles, reference
+from coppelius.staging import layout as L
+from coppelius.staging import paths
+from coppelius.staging import records as R
+from coppelius.staging import synthetic
+from coppelius.staging.tokens import TokenCache
+
+from coppelius import checkpoints as ckpt
+from coppelius.run import digest_replay
+from coppelius.errors import DeviceError
+from coppelius.backends.cuda.backend import CudaBackend
+from coppelius.staging.errors import UserError
+from coppelius.levels import RunLevels
+from coppelius.run.publisher import Publisher
+from coppelius.results.writer import ResultWriter
+from coppelius.run.ring import DEFAULT_FENCE_TIMEOUT_S, Ring
+from coppelius.run.records import (EXIT_INTERRUPTED, Failure, MarkerSurvived, Notifier, Summary,
+                                   failure_of, stat_record, status_block, tail_sections)
+
+SWITCH_INTERVAL_S = 2e-4    # GIL hand-over bound while a publisher thread runs beside the loop
+PUBLISHER_JOIN_S = 60.0     # after an unexpected error: a 692 MB publication takes ~2 s on CI
+
+class RunRefused(UserError):
+    """A request the run refuses before any device work (paths, steps, backend)."""
+
+
+class RunInterrupted(UserError):
+    """SIGINT/SIGTERM before the first step completed: nothing learned, so nothing is written
+    (no result file, the checkpoint untouched); exits as interrupted."""
+    exit_code = EXIT_INTERRUPTED
+
+
+@dataclass
+class Request:
+    profile: profiles.Profile
+    tokens: Path | None = None          # None: the embedded default stream
+    checkpoint: Path | None = None      # None: <directory>/<profile>.ckpt (created empty if missing)
+    result: Path | None = None          # None: <directory>/<profile>-result-c<c0>.bin
+    backend: str = "cuda"
+    source: Path | None = None          # the token cache's source file, if its header must match
+    overwrite: bool = False
+    fence_timeout_s: float = DEFAULT_FENCE_TIMEOUT_S
+    directory: Path = Path(synthetic.DEFAULT_DIRECTORY)
+    steps: int | None = None            # only for tests: fewer steps than the profile's
+    digests: Path | None = None         # per-launch digests of one update (host/run/digest_replay.py)
+    digest_step: int = 0                # ... of this step (0-based, within this run)
+    digest_perturb: object = None       # tests and tools only: digest_replay.replay's hook
+
+
+class Progress:
+    """Live progress hooks; the command line passes a rich implementation, tests pass this one."""
+
+    def start(self, summary: Summary, levels: RunLevels | None, tokens_per_step: int) -> None: ...
+    def step(self, step: int, loss: float) -> None: ...
+    def published(self, update_count: int, seconds: float) -> None: ...
+    def note(self, text: str) -> None: ...
+    def stop(self) -> None: ...
+
+
+class _Signals:
+    """SIGINT/SIGTERM set a flag from the start of `run`; before training, `check` turns it into
+    RunInterrupted (nothing written); during training the loop finishes the step in flight,
+    publishes and stops."""
+
+    def __init__(self, progress: Progress):
+        self.received: int | None = None
+        self.progress = progress
+        self.training = False           # the update loop has started: a signal is noted
+        self._old = {}
+
+    def __enter__(self):
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._old[sig] = signal.signal(sig, self._handle)
+            # a signal that came while the process started (coppelius.cli.EarlySignals) counts
+            if self.received is None and getattr(self._old[sig], "received", None):
+                self.received = self._old[sig].received
+        return self
+
+    def _handle(self, signum, frame):
+        if self.received is None and self.training:
+            self.progress.note(f"{signal.Signals(signum).name}: finishing the step in flight, "
+                               "then publishing")
+        self.received = signum
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.received).name if self.received else ""
+
+    def check(self, checkpoint) -> None:
+        """Refuse to go on when a signal came before the first step."""
+        if self.received:
+            raise RunInterrupted(f"interrupted by {self.name} before the first step: nothing was "
+                                 f"written (no result file; checkpoint {checkpoint} untouched)",
+                                 "run again to train")
+
+    def __exit__(self, *exc):
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        return False
+
+
+def make_backend(name: str, profile):
+    if name == "cuda":
+        return CudaBackend(profile)
+    if name == "interpret":
+        try:        # here, not at the top: it imports Triton and torch and sets TRITON_INTERPRET
+            from coppelius.backends.interpret import InterpretBackend
+        except ImportError as e:
+            raise RunRefused(f"the interpret backend needs Triton and torch ({e})",
+                             "`make demo`, or pip install -e '.[demo]'") from None
+        return InterpretBackend(profile)
+    raise RunRefused(f"unknown backend {name!r}", "use --backend cuda or --backend interpret")
+
+
+def _resolve_paths(req: Request):
+    """Default stream, checkpoint and result paths for `coppelius run` with no arguments."""
+    tokens = req.tokens
+    if tokens is None:
+        tokens = synthetic.ensure_default_stream(req.profile, req.directory)
+    ckpt_path = req.checkpoint
+    if ckpt_path is None or req.result is None:
+        with paths.refusing("directory", req.directory, "create", RunRefused):
+            req.directory.mkdir(parents=True, exist_ok=True)
+    if ckpt_path is None:
+        ckpt_path = req.directory / f"{req.profile.name}.ckpt"
+        if not os.path.lexists(ckpt_path):
+            with paths.refusing("checkpoint", ckpt_path, "create", RunRefused):
+                ckpt_path.touch()        # the embedded default starts fresh; a named path never does
+    return Path(tokens), Path(ckpt_path)
+
+
+def run(req: Request, progress: Progress | None = None) -> Summary:
+    """One invocation.  Every refusal (paths, checkpoint envelope and payload, token cache,
+    backend) comes before anything is written: a result file this run created is removed when
+    the run is refused or interrupted before its first step."""
+    progress = progress or Progress()
+    profile = req.profile
+    steps = profile.steps if req.steps is None else req.steps
+    if not 0 < steps <= profile.steps:
+        raise RunRefused(f"--steps {steps} is outside 1..{profile.steps}",
+                         f"the {profile.name} profile runs 1 to {profile.steps} steps")
+    if req.digests is not None:
+        digest_replay.check_request(req.digest_step, steps)
+        paths.check_output(Path(req.digests), "digests file", overwrite=req.overwrite,
+                           cls=RunRefused,
+                           exists_hint="pass --overwrite, or name another --digests FILE")
+    with _Signals(progress) as signals:
+        tokens_path, ckpt_path = _resolve_paths(req)
+        ckpt.open_input(ckpt_path, profile).close()   # refuse a bad path before locking
+        # one file under every spelling (a symbolic link, dir/../): lock, read and publish the
+        # resolved path, so that two runs on one checkpoint always contend for one lock
+        resolved = Path(os.path.realpath(ckpt_path))
+        with ckpt.lock(resolved, name=ckpt_path), \
+                ckpt.open_input(resolved, profile, name=ckpt_path) as inp:
+            c0 = inp.update_count
+            cache = TokenCache.open(tokens_path, profile)
+            cache.validate_run(c0, steps, source=None if req.source is None else str(req.source))
+            result_path = Path(req.result or (req.directory / f"{profile.name}-result-c{c0}.bin"))
+            paths.check_output(result_path, "result file", overwrite=req.overwrite,
+                               cls=RunRefused,
+                               exists_hint="pass --overwrite, or name another --result")
+            opened = Opened(steps=steps, inp=inp, cache=cache, checkpoint=ckpt_path,
+                            result=result_path, publish_to=resolved)
+            signals.check(ckpt_path)
+            backend = make_backend(req.backend, profile)
+            with backend:
+                signals.check(ckpt_path)
+                # __exit__ on a refusal removes the file if this run created it and wrote nothing
+                with ResultWriter.create(result_path, profile, overwrite=req.overwrite) as writer:
+                    return _Invocation(req, opened, backend, writer, progress, signals).run()
+
+
+# what ends a run with its tail written; anything else (a host bug) propagates without one
+_FAILURES = (MarkerSurvived, DeviceError, OSError, ckpt.CheckpointWriteFailed)
+
+
+@dataclass
+class Opened:
+    """What `run` opened and checked before a backend exists."""
+    steps: int
+    inp: ckpt.InputCheckpoint
+    cache: TokenCache
+    checkpoint: Path            # as the user named it (messages, the summary)
+    result: Path
+    publish_to: Path            # the resolved checkpoint path: locked, read, published
+
+
+@contextlib.contextmanager
+def _switch_interval(seconds: float):
+    # a publisher thread must not hold the GIL for 5 ms while the loop waits on a ~1 ms fence
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(seconds)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
+
+
+def _upload_fresh(backend, profile) -> None:
+    """Fresh initialization (CONTRACT §4) through the transfer window: P drawn, M = V = 0."""
+    P = reference.init_parameters(profile)                          # (N,) fp32
+    backend.upload_payload(P.view(np.uint8))                        # zeros after P
+
+
+class _Invocation:
+    """One run on an open backend, in protocol order: parameters onto the device, forward,
+    one update issue per step (publishing every interval), final, then the tail."""
+
+    def __init__(self, req: Request, opened: Opened, backend, writer, progress: Progress,
+                 signals: _Signals):
+        self.req, self.profile, self.steps = req, req.profile, opened.steps
+        self.opened, self.backend, self.writer, self.progress = opened, backend, writer, progress
+        self.signals = signals
+        self.views = backend.staging
+        self.c0 = opened.inp.update_count
+        self.summary = Summary(c0=self.c0, steps_planned=self.steps, update_count=self.c0,
+                               result=opened.result, checkpoint=opened.checkpoint)
+        self.ring = Ring(backend, capacity=self.steps + 2, timeout_s=req.fence_timeout_s)
+        self.publisher = Publisher(backend, opened.publish_to, self.profile, self.summary, progress)
+        self.notifier = Notifier(self.views.error_notifier[0], self.ring)
+        self.payload_sha256 = bytes(32)     # of the loaded checkpoint's payload; zeros when fresh
+        self.forward_part: np.ndarray | None = None   # (3, V) f32, written with the first step
+        self.forward_offset = L.record_forward_offset(self.profile)
+        self.final_offset = L.record_final_offset(self.profile)
+        self.digests = None if req.digests is None else digest_replay.StepDigests(
+            backend, req.digest_step, Path(req.digests), self.c0, req.digest_perturb)
+
+    def run(self) -> Summary:
+        try:
+            return self._run()
+        except BaseException:
+            self.progress.stop()        # a refusal's one line must not land inside a live bar
+            raise
+        finally:
+            # an unexpected error must not leave a thread streaming through staging as it goes
+            if not self.publisher.join(PUBLISHER_JOIN_S):
+                self.backend.abandon("a publisher thread still streams through the staging region")
+
+    def _run(self) -> Summary:
+        t_start = time.monotonic()
+        summary, signals = self.summary, self.signals
+        try:
+            with _switch_interval(SWITCH_INTERVAL_S):
+                self.load_parameters()
+                self.backend.instantiate(t_base=self.c0 - 1)
+                signals.check(self.opened.checkpoint)
+                levels = (RunLevels.of_run(self.profile, self.c0, self.steps)
+                          if self.req.tokens is None else None)     # the embedded stream's floors
+                self.progress.start(summary, levels, self.profile.context)
+                self.forward()
+                context = self.updates()
+                self.final(context)
+        except _FAILURES as e:
+            step = summary.steps_completed if summary.steps_completed < self.steps else None
+            self.record_failure(failure_of(e, self.ring, step))
+        # the last publication must be complete (and its digest known) before the tail
+        try:
+            self.publisher.wait()
+        except _FAILURES as e:
+            self.record_failure(failure_of(e, self.ring, None, during="publication: "))
+        if summary.outcome == R.OUTCOME_INTERRUPTED:
+            self.notifier.fill(info32=0, submission=L.SUBMISSION_UPDATE,
+                               step=summary.steps_completed, reason=summary.error,
+                               status=R.NOTIFIER_STATUS_NONE)
+        if not self.writer.forward_written:  # no step window reached the file: write it now
+            self.writer.write_forward(self.views.record_forward if self.forward_part is None
+                                      else self.forward_part)
+        summary.wall_s = time.monotonic() - t_start
+        self.write_tail()
+        self.progress.stop()
+        return summary
+
+    def load_parameters(self) -> None:
+        inp = self.opened.inp
+        if inp.fresh:
+            _upload_fresh(self.backend, self.profile)
+            return
+        loaded = inp.load_chunks(lambda off, view: self.backend.upload_chunk(off, len(view)),
+                                 transfer=self.views.transfer)
+        self.payload_sha256 = loaded.payload_sha256
+
+    def forward(self) -> None:
+        """Forward submission: the record's forward part and predictions on context c0.  The part
+        reaches the file with the first step window, so that a run interrupted before its first
+        step writes nothing."""
+        self.opened.cache.write_input_record(self.views, self.c0)
+        self.views.write_marker(self.forward_offset)
+        self.ring.run(L.SUBMISSION_FORWARD, self.c0, None)
+        if self.views.marker_survived(self.forward_offset):
+            raise MarkerSurvived("forward")
+        self.forward_part = np.array(self.views.record_forward, copy=True)
+
+    def updates(self) -> int:
+        """One update issue per step until done or signalled; returns the last step's context."""
+        summary, c0, steps, signals = self.summary, self.c0, self.steps, self.signals
+        context = c0
+        signals.training = True
+        for s in range(steps):
+            if s == 0:
+                signals.check(self.opened.checkpoint)
+            elif signals.received:
+                break
+            context = c0 + s
+            self.opened.cache.write_input_record(self.views, context)
+            if self.digests is not None:
+                self.digests.before(s)
+            self.ring.run(L.SUBMISSION_UPDATE, context, s)
+            if s == 0:
+                self.writer.write_forward(self.forward_part)
+            self.writer.append_step(self.views.loss_record)
+            summary.steps_completed = s + 1
+            summary.update_count = c0 + s + 1
+            loss = float(self.views.loss_record.mean(dtype=np.float64))   # (T,) ce rows
+            summary.losses.append(loss)
+            self.progress.step(s, loss)
+            if self.digests is not None:           # after the step's row left staging
+                self.digests.after(s, context, self.ring.issues)
+            if (s + 1 == steps or (s + 1) % self.profile.checkpoint_interval == 0
+                    or signals.received):
+                self.publisher.start(summary.update_count)
+        if signals.received and summary.steps_completed < steps:
+            summary.outcome = R.OUTCOME_INTERRUPTED
+            summary.error = f"interrupted by {signals.name}"
+            if self.publisher.update_count != summary.update_count and summary.steps_completed:
+                self.publisher.start(summary.update_count)
+        return context
+
+    def final(self, context: int) -> None:
+        """Final submission on the last step's context with the final parameters."""
+        self.views.write_marker(self.final_offset)
+        self.ring.run(L.SUBMISSION_FINAL, context, None)
+        if self.views.marker_survived(self.final_offset):
+            raise MarkerSurvived("final")
+
+    def record_failure(self, failure: Failure) -> None:
+        """The first failure is the one the summary and the notifier keep (an interruption
+        before it is overridden)."""
+        if self.summary.outcome not in (R.OUTCOME_COMPLETED, R.OUTCOME_INTERRUPTED):
+            return
+        self.summary.outcome, self.summary.error = failure.outcome, failure.message
+        self.notifier.fill(info32=failure.info32, submission=failure.submission,
+                           step=failure.step, reason=failure.reason,
+                           status=R.NOTIFIER_STATUS_ERROR)
+
+    def write_tail(self) -> None:
+        stat = stat_record(self.opened.inp, self.ring, self.views, self.payload_sha256)
+        status = status_block(self.summary, self.ring, self.backend, self.views,
+                               self.publisher.sha256)
+        self.writer.write_tail(**tail_sections(self.views, stat, status, self.ring.entries()))

@@ -1,0 +1,56 @@
+"""The launch lists are pinned: a digest of every launch's entry, grid, arguments and constexprs.
+
+A refactor of plan/launch*.py must leave these digests alone (the compiled specializations, and
+so the committed PTX, stay what they were).  A change on purpose changes them: rebuild the PTX
+(tools/build_ptx.py), check the rebuild test, and update the pin here to the value the failure
+prints, saying in the commit what moved.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+
+import pytest
+
+from coppelius.plan import launches, profiles
+
+# profile: (sha256 of the launch lists, launches per submission, distinct compiled entries)
+PINS = {
+    # every weight gradient at 128×128 on 4 warps, 130 programs (the MLP half no longer
+    # 128×256: it shares the attention half's entry, 32 → 31)
+    "coppelius": ("0b71b0d6d25a48b828bf232906b8c9230e62103b57e832b3f19baf0d57c19dfc", (81, 173, 80), 31),
+    "tiny": ("939a8224233e205cf262ac46c9b0b10bec16a06af7d47c94df5e9815683447ea", (25, 47, 24), 28),
+}
+
+
+def launch_lists_digest(subs) -> str:
+    """sha256 of repr() of every launch's fields (its lane and `after` labels included) and of
+    each submission's dependency graph, submission by submission, in order."""
+    lists = [(s.name, [(x.kernel, x.module, x.function, x.grid, x.args, x.constexprs, x.num_warps,
+                        x.num_stages, x.label, x.lane, x.after) for x in s.launches], s.deps)
+             for s in subs]
+    return hashlib.sha256(repr(lists).encode()).hexdigest()
+
+
+@pytest.mark.parametrize("name", sorted(PINS))
+def test_launch_lists_match_their_pin(name):
+    prof = profiles.get(name)
+    subs = launches.submissions(prof)
+    digest, counts, entries = PINS[name]
+    got_counts = tuple(len(s.launches) for s in subs)
+    assert got_counts == counts, f"{name}: launches per submission {got_counts}, pinned {counts}"
+    assert len(launches.kernels(prof)) == entries, f"{name}: compiled entries changed"
+    got = launch_lists_digest(subs)
+    assert got == digest, (f"{name}: launch lists changed (digest {got}); if on purpose, rebuild the "
+                           "PTX and update PINS in tests/plan/test_launch_pins.py")
+
+
+@pytest.mark.parametrize("field,value", [("constexprs", (("EXTRA", 1),)), ("grid", (2, 1, 1)),
+                                         ("args", ()), ("num_warps", 2), ("lane", 1)])
+def test_digest_sees_one_changed_field(field, value):
+    """The pin covers every field: one field of one launch changed changes the digest."""
+    subs = launches.submissions(profiles.get("tiny"))
+    update = subs[1]
+    changed = dataclasses.replace(update.launches[3], **{field: value})
+    edited = dataclasses.replace(update, launches=update.launches[:3] + (changed,) + update.launches[4:])
+    assert launch_lists_digest((subs[0], edited, subs[2])) != launch_lists_digest(subs)
