@@ -1,7 +1,7 @@
 """Checkpoint I/O (CONTRACT §10): atomic publication, verified streaming load, the per-path lock.
 
-The streaming cores are `publish_chunks` (host/checkpoints/publish.py) and `load_chunks`
-(host/checkpoints/load.py): payload bytes (P, M, V planes, fp32 LE, concatenated) pass chunk by
+The streaming cores are `publish_chunks` (host/checkpoints/publication.py) and `load_chunks`
+(host/checkpoints/loading.py): payload bytes (P, M, V planes, fp32 LE, concatenated) pass chunk by
 chunk through a transfer buffer (the staging window on the cuda backend), so the planes may live
 on the device.  `publish`/`load` wrap them for numpy planes.  The envelope's bytes are
 host/checkpoints/format.py's; the chunk I/O both directions share is host/checkpoints/chunks.py's.  This
@@ -18,9 +18,9 @@ import os
 from coppelius.staging import paths
 
 from coppelius.checkpoints.format import CheckpointLocked, CheckpointRefused
-from coppelius.checkpoints.load import (InputCheckpoint, Loaded, load, load_chunks, open_input,
+from coppelius.checkpoints.loading import (InputCheckpoint, Loaded, load, load_chunks, open_input,
                               read_header)
-from coppelius.checkpoints.publish import (TEMP_MARK, CheckpointWriteFailed, Published, publish,
+from coppelius.checkpoints.publication import (TEMP_MARK, CheckpointWriteFailed, Published, publish,
                                  publish_chunks, stale_temporaries)
 
 __all__ = ["CheckpointRefused", "CheckpointLocked", "CheckpointWriteFailed", "Published",

@@ -14,7 +14,7 @@ from coppelius.staging import paths
 from coppelius.staging import records as R
 
 from coppelius.errors import DeviceError
-from coppelius.checkpoints.publish import CheckpointWriteFailed
+from coppelius.checkpoints.publication import CheckpointWriteFailed
 from coppelius.staging.errors import UserError
 from coppelius.run.ring import Ring
 

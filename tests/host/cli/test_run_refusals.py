@@ -190,7 +190,7 @@ def test_a_full_disk_names_its_cause_first_and_the_line_is_not_wrapped(fake, tmp
                                                                       monkeypatch):
     def full(fd, buf, offset):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-    monkeypatch.setattr("coppelius.checkpoints.publish.pwrite_all", full)   # the payload writes
+    monkeypatch.setattr("coppelius.checkpoints.publication.pwrite_all", full)   # the payload writes
     cache(tmp_path / "t.tokens")
     ckpt = tmp_path / ("a-long-directory-name-" * 3) / "c.ckpt"
     ckpt.parent.mkdir()
