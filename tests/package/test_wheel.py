@@ -85,10 +85,10 @@ def test_the_wheel_ships_what_a_run_reads(installed):
     for name in ("plan/data/tokenizer.json", "plan/kernels/release.ptx", "cli/__init__.py",
                  "staging/layout.py", "backends/cuda/backend.py"):
         assert (pkg / name).is_file(), name
-    shipped = sorted(p.relative_to(pkg / "kernels_ptx") for p in (pkg / "kernels_ptx").rglob("*")
-                     if p.is_file())
-    committed = sorted(p.relative_to(ROOT / "kernels_ptx")
-                       for p in (ROOT / "kernels_ptx").rglob("*") if p.is_file())
+    def files(top):         # pip compiles kernels_ptx/__init__.py: bytecode is not shipped data
+        return sorted(p.relative_to(top) for p in top.rglob("*")
+                      if p.is_file() and "__pycache__" not in p.parts)
+    shipped, committed = files(pkg / "kernels_ptx"), files(ROOT / "kernels_ptx")
     assert shipped == committed
 
 

@@ -192,7 +192,7 @@ def test_a_failed_publication_is_a_host_error_with_the_tail_written(tmp_path, mo
 
     monkeypatch.setattr(checkpoints, "publish_chunks", refuse)
     (tmp_path / "tiny.ckpt").write_bytes(b"")
-    summary = run(Request(profile=TINY, checkpoints=tmp_path / "tiny.ckpt",
+    summary = run(Request(profile=TINY, checkpoint=tmp_path / "tiny.ckpt",
                           result=tmp_path / "r.bin", backend="interpret",
                           directory=tmp_path / "run", steps=1))
     assert summary.outcome == R.OUTCOME_HOST_ERROR and summary.exit_code == 4
