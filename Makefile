@@ -9,6 +9,15 @@ BIN := $(VENV)/bin
 DEMO := coppelius-demo
 DEMO_RESULT := $(DEMO)/tiny-result-c0.bin
 DEMO_PLOT := $(DEMO)/tiny.png
+# cuda-bindings of the driver's CUDA major (README: 12.x for a CUDA 12 driver, 13.x for CUDA 13):
+# the major from libcuda's cuDriverGetVersion (through ctypes: no bindings needed yet), else from
+# nvidia-smi's header; none found (no driver), pip picks as pyproject.toml allows
+CUDA_MAJOR ?= $(shell $(PYTHON) -c "import ctypes; v = ctypes.c_int(); \
+	ctypes.CDLL('libcuda.so.1').cuDriverGetVersion(ctypes.byref(v)); print(v.value // 1000)" \
+	2>/dev/null || nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9][0-9]*\)\..*/\1/p' | head -n 1)
+BINDINGS_12 := cuda-bindings>=12.9.1,<13
+BINDINGS_13 := cuda-bindings>=13.0.0,<14
+BINDINGS = $(BINDINGS_$(strip $(CUDA_MAJOR)))
 
 .PHONY: run test demo clean
 
@@ -17,7 +26,7 @@ $(BIN)/python:
 	$(BIN)/python -m pip install -q --upgrade pip
 
 $(VENV)/.runtime: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q $(PIP_ARGS) -e .
+	$(BIN)/python -m pip install -q $(PIP_ARGS) -e . $(if $(BINDINGS),'$(BINDINGS)')
 	touch $@
 
 $(VENV)/.demo: pyproject.toml | $(BIN)/python

@@ -1,8 +1,10 @@
 """Text to token ids: load the shipped byte-level BPE tokenizer (or a user's), read and encode files.
 
-The tokenizer is HF `tokenizers` JSON; the project ships `plan/data/tokenizer.json`
-(made by `tools/train_tokenizer.py` from Python's standard library, V = 12288 ids, id 0 is
-`<|endoftext|>`, which `coppelius tokenize` appends after every file).  Files are decoded as
+The tokenizer is HF `tokenizers` JSON; the project ships one per profile vocabulary,
+`plan/data/tokenizer.json` (V = 12288 ids) and `plan/data/tokenizer-512.json` (the tiny profile's),
+both made by `train` (`tools/train_tokenizer.py`) from Python's standard library; id 0 is
+`<|endoftext|>`, which `coppelius tokenize` appends after every file.  `coppelius tokenize
+--train-tokenizer FILE` trains one on the user's text.  Files are decoded as
 UTF-8; a file that is not valid UTF-8 is read as Latin-1, which maps every byte to one character,
 so no input is ever refused or altered silently.  `tokenizers` is imported lazily: `coppelius run`
 never needs it.
@@ -31,9 +33,10 @@ from coppelius.staging import paths
 from coppelius.staging.errors import UserError
 
 # in the data package coppelius.plan.data (no __init__.py): plan/data/ in the checkout,
-# coppelius/plan/data/ in a wheel
-DEFAULT_TOKENIZER = pathlib.Path(
-    list(importlib.import_module("coppelius.plan.data").__path__)[0]).resolve() / "tokenizer.json"
+# coppelius/plan/data/ in a wheel; one tokenizer per vocabulary size (`shipped`)
+DATA = pathlib.Path(list(importlib.import_module("coppelius.plan.data").__path__)[0]).resolve()
+DEFAULT_TOKENIZER = DATA / "tokenizer.json"         # V = 12288, the coppelius profile's
+MIN_FREQUENCY = 2           # a merge must occur at least twice in the training text
 END_OF_TEXT = "<|endoftext|>"
 _WS = r" \t\n\r\x0b\x0c"
 # GPT-2's split with ASCII classes; `_` joins identifiers; other characters are "punctuation"
@@ -55,11 +58,47 @@ def _tokenizers():
     return tokenizers
 
 
-def load(path=None):
-    """A `tokenizers.Tokenizer` from a JSON file (default: the shipped one).  The file is read
-    without blocking (a FIFO or device is refused) and every OSError is a one-line refusal."""
+def shipped(vocab: int) -> pathlib.Path:
+    """The shipped tokenizer for a profile's vocabulary: `tokenizer-<V>.json` where one ships
+    (the tiny profile's 512 ids), else the default `tokenizer.json` (12,288 ids)."""
+    named = DATA / f"tokenizer-{vocab}.json"
+    return named if named.is_file() else DEFAULT_TOKENIZER
+
+
+def train_hint(vocab: int) -> str:
+    """How to make a tokenizer of at most `vocab` ids, as a command that exists in a checkout
+    and in a wheel (it never writes a shipped file: the output is named)."""
+    return (f"train one on your text: coppelius tokenize --train-tokenizer my-tokenizer.json "
+            f"--vocab {vocab} SOURCE..., then pass --tokenizer my-tokenizer.json")
+
+
+def _default_vocab() -> int:
+    from coppelius.plan import profiles
+    return profiles.get("coppelius").vocab
+
+
+def train(files, vocab: int):
+    """A byte-level BPE tokenizer of `vocab` ids (id 0 `<|endoftext|>`, the 256 byte symbols
+    always present) trained on `files` in the order given: the same files give the same bytes."""
+    _tokenizers()
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizer()        # PIECE_PATTERN split + byte-level mapping
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, min_frequency=MIN_FREQUENCY,
+                                  show_progress=False, special_tokens=[END_OF_TEXT],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator((read_text(f) for f in files), trainer=trainer, length=len(files))
+    return tok
+
+
+def load(path=None, vocab: int | None = None):
+    """A `tokenizers.Tokenizer` from a JSON file (default: the shipped one for `vocab` ids, or
+    the 12,288-id one).  The file is read without blocking (a FIFO or device is refused) and
+    every OSError is a one-line refusal."""
     tk = _tokenizers()
-    path = pathlib.Path(path) if path else DEFAULT_TOKENIZER
+    path = pathlib.Path(path) if path else (shipped(vocab) if vocab else DEFAULT_TOKENIZER)
     data = paths.read_regular(path, "tokenizer", TokenizerRefused,
                               {errno.ENOENT: "omit --tokenizer to use the shipped one",
                                "not regular": "name a tokenizers JSON file"})
@@ -68,7 +107,7 @@ def load(path=None):
     except Exception as e:      # tokenizers raises a bare Exception for malformed JSON
         raise TokenizerRefused(f"tokenizer {path} is not a tokenizers JSON file: "
                                f"{(str(e).splitlines() or [type(e).__name__])[0][:120]}",
-                               "train one with `python -m tools.train_tokenizer`") from None
+                               train_hint(vocab or _default_vocab())) from None
 
 
 def vocabulary_size(tokenizer) -> int:

@@ -44,6 +44,7 @@ HINTS = {
     errno.ENFILE: "too many open files on the system",
 }
 DEFAULT_HINT = "check the path"
+NEW_FILE_MODE = 0o666         # what open(path, "w") asks for; the umask takes its bits away
 
 
 def errno_text(e: OSError) -> str:
@@ -179,6 +180,30 @@ def check_output(path, what: str, *, overwrite: bool, exists_hint: str | None, c
         raise cls(f"{what} {path} exists", exists_hint)
 
 
+def check_directory(path, what: str, cls=UserError) -> None:
+    """Refuse, before any work, a directory path that cannot be one: an existing file, FIFO or
+    device there is `Not a directory (ENOTDIR)` (as mkdir's EEXIST would misname it), a path
+    through a file or a loop its errno; a missing directory is fine (the writer creates it)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise os_refusal(e, what, path, "create", cls) from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise os_refusal(OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR)), what, path,
+                         "create", cls, {errno.ENOTDIR: f"{os.fspath(path)} is "
+                                         f"{file_kind(st.st_mode)}; name a directory, or a path "
+                                         "that does not exist yet"})
+
+
+def current_umask() -> int:
+    """This process's umask (set and restored at once: the only portable way to read it)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def fsync_directory(directory, strict: bool = False) -> None:
     """Make a rename or create inside `directory` durable.  `strict` (the checkpoint: a
     publication that may not be durable is not published) raises every failure; otherwise a
@@ -210,6 +235,7 @@ def atomic_write(path, what: str, cls=UserError):
     with refusing(what, path, "create", cls):
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
+        os.fchmod(fd, NEW_FILE_MODE & ~current_umask())    # mkstemp's 0600 is not a new file's
         with os.fdopen(fd, "wb") as f:
             yield f
             f.flush()

@@ -102,7 +102,9 @@ INFO_NAMES = {INFO_FENCE_TIMEOUT: "fence timeout", INFO_MARKER_SURVIVED: "record
               INFO_HOST_IO: "host I/O"}     # info32 codes of the host; others are CUresults
 
 STATUS_MAGIC = b"COPPSTAT"
-STATUS_VERSION = 1
+STATUS_VERSION_1 = 1            # CONTRACT §8's first layout: STATUS_BLOCK
+STATUS_VERSION = 2              # what a run writes: STATUS_BLOCK_V2 (the GPU and host that ran)
+STATUS_VERSIONS = (STATUS_VERSION_1, STATUS_VERSION)     # what the reader reads
 OUTCOME_COMPLETED, OUTCOME_DEVICE_ERROR, OUTCOME_INTERRUPTED, OUTCOME_HOST_ERROR = 0, 1, 2, 3
 OUTCOMES = {0: "completed", 1: "device error", 2: "interrupted", 3: "host error"}
 BACKEND_CUDA, BACKEND_INTERPRET = 1, 2
@@ -116,6 +118,31 @@ STATUS_BLOCK = Record("status block", [
     ("compute_capability", U32, 96), ("driver_version", U32, 100),
     ("checkpoint_sha256", ("u1", (32,)), 104), ("device_name", "S24", 136)], 160)
 
+# Version 2 (FORMATS §4): the GPU and the host that ran, in the same 160 bytes.  Every field the
+# reader locates the block by (magic, version, outcome, c0, steps_planned, steps_completed, gp_get,
+# gp_put) and publications, backend, wall_ns and device_name keep their version-1 offsets;
+# update_count (= c0 + steps_completed) gives its 8 bytes to the PCI bus id, the predictions'
+# valid flags move into their tokens' top bit, and the last checkpoint's SHA-256 keeps its first
+# 8 bytes, which leaves room for the GPU's UUID and 20 bytes of host name.
+STATUS_BLOCK_V2 = Record("status block v2", [
+    ("magic", "S8", 0), ("version", U32, 8), ("outcome", U32, 12), ("c0", U64, 16),
+    ("steps_planned", U64, 24), ("steps_completed", U64, 32),
+    ("pci_domain", U32, 40), ("pci_bus", "u1", 44), ("pci_device", "u1", 45),
+    ("pci_function", "u1", 46), ("identity_flags", "u1", 47),
+    ("gp_get", U32, 48), ("gp_put", U32, 52), ("publications", U32, 56), ("backend", U32, 60),
+    ("wall_ns", U64, 64), ("predictions", ("<u4", (3,)), 72),
+    ("compute_capability", U32, 84), ("driver_version", U32, 88),
+    ("gpu_uuid", ("u1", (16,)), 92), ("checkpoint_sha256", ("u1", (8,)), 108),
+    ("host_name", "S20", 116), ("device_name", "S24", 136)], 160)
+IDENTITY_GPU = 1 << 0               # identity_flags: the UUID and PCI bus id were read off a GPU
+IDENTITY_HOST_TRUNCATED = 1 << 1    # identity_flags: the host name was longer than its 20 bytes
+PREDICTION_VALID_BIT = 1 << 31      # v2 predictions: token | valid << 31
+HOST_NAME_BYTES = STATUS_BLOCK_V2.dtype["host_name"].itemsize
+DEVICE_NAME_BYTES = STATUS_BLOCK_V2.dtype["device_name"].itemsize
+DIGEST_PREFIX_BYTES = STATUS_BLOCK_V2.dtype["checkpoint_sha256"].itemsize
+IDENTITY_FIELDS = ("gpu_uuid", "pci_domain", "pci_bus", "pci_device", "pci_function",
+                   "identity_flags", "host_name")      # version 2's: which GPU and host ran
+
 STAT_RECORD = Record("stat record", [
     ("st_dev", U64, 0), ("st_ino", U64, 8), ("st_size", U64, 16), ("st_mode", U32, 24),
     ("st_nlink", U32, 28), ("st_uid", U32, 32), ("st_gid", U32, 36), ("st_atime_ns", I64, 40),
@@ -126,4 +153,5 @@ STAT_RECORD = Record("stat record", [
 
 PREDICTION = Record("prediction", [("token", U32, 0), ("valid", U32, 4)], 8)
 
-ALL = (SEMAPHORE_RECORD, SEMAPHORE_SLOT, TIMESTAMP_ENTRY, ERROR_NOTIFIER, STATUS_BLOCK, STAT_RECORD)
+ALL = (SEMAPHORE_RECORD, SEMAPHORE_SLOT, TIMESTAMP_ENTRY, ERROR_NOTIFIER, STATUS_BLOCK, STATUS_BLOCK_V2,
+       STAT_RECORD)

@@ -1,9 +1,15 @@
-"""Token caches (CONTRACT §5): open by memory map, refuse bad input before device work, stage contexts.
+"""Token caches (CONTRACT §5): open and read with ordinary reads, refuse bad input before device
+work, stage contexts, and notice a cache that changes under a running run.
 
 A cache is a 16-byte header (int64 LE source mtime in ns, uint64 LE source size in bytes; both 0
 for a generated stream) then uint32 LE ids.  Context c is ids [T·c, T·c + T]: inputs the first T,
-targets the last T.  Opening only stats and maps the file (a 400 MB cache opens in well under a
-millisecond of reading); `validate_run` scans just the ids the run will use, in vectorized chunks.
+targets the last T.  Opening only stats the file and reads its header; `validate_run` scans just
+the ids the run will use, in bounded chunks.  Nothing is memory-mapped: a mapping that another
+process truncates kills the reader with SIGBUS, with no message and no result tail.  Each step's
+context is read again (os.preadv into host memory), after a check that the file still has the
+size, mtime and header the run validated, and its ids are checked against V before they reach
+staging: a cache that changed under the run raises `TokenCacheChanged`, which ends the run as a
+host error (exit 4) before anything from the changed bytes is trained or published.
 """
 from __future__ import annotations
 
@@ -11,6 +17,7 @@ import errno
 import os
 import pathlib
 import stat
+import weakref
 
 import numpy as np
 
@@ -21,11 +28,31 @@ HEADER_BYTES = 16
 TOKEN_BYTES = 4
 HEADER_DTYPE = np.dtype([("mtime_ns", "<i8"), ("size", "<u8")])
 TOKEN_DTYPE = np.dtype("<u4")
-_SCAN_TOKENS = 1 << 22                 # 16 MiB of ids per vectorized max: bounded temporaries
+NO_TOKENIZER_IDS = 1 << 24             # an id this large is no token: 4 text bytes read as one
+_SCAN_TOKENS = 1 << 22                 # 16 MiB of ids per read while validating: bounded buffer
+CHANGED_HINT = ("leave a token cache alone while a run reads it (write a new file and rename it "
+                "into place); run again to continue from the checkpoint's last publication")
 
 
 class TokenCacheRefused(UserError):
     """A token cache that cannot feed this run (size, length, id range, stale header)."""
+
+
+class TokenCacheChanged(Exception):
+    """The token cache changed under a running run (size, mtime, header, or an id the run checked
+    is now ≥ V): not a refusal — the run has started — but a host error that names the file and
+    the context; `reason` is the notifier's short form."""
+
+    def __init__(self, path, context: int, what: str):
+        self.path, self.context = path, context
+        self.message = (f"token cache {path} changed under the run before context {context} "
+                        f"was staged: {what}; nothing trained on the changed bytes")
+        self.hint = CHANGED_HINT
+        self.reason = f"token cache changed: context {context}"
+        super().__init__(self.message)
+
+    def __str__(self) -> str:
+        return f"{self.message} (hint: {self.hint})"
 
 
 _OPEN_HINTS = {errno.ENOENT: "make one with `coppelius tokenize SOURCE -o CACHE`",
@@ -67,23 +94,46 @@ def header_bytes(mtime_ns: int, size: int) -> bytes:
     return np.array([(mtime_ns, size)], HEADER_DTYPE).tobytes()
 
 
-class TokenCache:
-    """A read-only memory-mapped token cache for one profile."""
+def read_ids(fd: int, first: int, out: np.ndarray) -> int:
+    """Read ids [first, first + len(out)) into `out` with ordinary reads; returns how many ids
+    arrived (fewer at end of file).  An OSError propagates."""
+    view = memoryview(out).cast("B")
+    offset, got = HEADER_BYTES + TOKEN_BYTES * first, 0
+    while got < len(view):
+        n = os.preadv(fd, [view[got:]], offset + got)
+        if n == 0:
+            break
+        got += n
+    return got // TOKEN_BYTES
 
-    def __init__(self, path: pathlib.Path, profile, tokens: np.ndarray, mtime_ns: int, size: int):
+
+def _fingerprint(fd: int) -> tuple[int, int, bytes]:
+    """(size, mtime ns, header bytes) of the open file: what must not change under a run."""
+    st = os.fstat(fd)
+    return st.st_size, st.st_mtime_ns, os.pread(fd, HEADER_BYTES, 0)
+
+
+class TokenCache:
+    """A token cache for one profile, read through its open file descriptor."""
+
+    def __init__(self, path: pathlib.Path, profile, fd: int, fingerprint: tuple[int, int, bytes]):
         self.path = path
         self.profile = profile
-        self.tokens = tokens                   # (n,) <u4, memory-mapped
-        self.source_mtime_ns = mtime_ns
-        self.source_size = size
+        self.fd = fd
+        self._close = weakref.finalize(self, os.close, fd)
+        self.fingerprint = fingerprint          # (size, mtime ns, header) as opened and checked
+        head = np.frombuffer(fingerprint[2], HEADER_DTYPE)[0]
+        self.source_mtime_ns = int(head["mtime_ns"])
+        self.source_size = int(head["size"])
+        self.token_count = (fingerprint[0] - HEADER_BYTES) // TOKEN_BYTES
 
     @classmethod
     def open(cls, path, profile) -> "TokenCache":
-        """Open without blocking (a FIFO is refused, not waited on), check the size, map the ids.
-        Every OSError is a one-line refusal naming the path and the errno."""
+        """Open without blocking (a FIFO is refused, not waited on), check the size, read the
+        header.  Every OSError is a one-line refusal naming the path and the errno."""
         path = pathlib.Path(path)
         fd, st = paths.open_regular(path, "token cache", TokenCacheRefused, _OPEN_HINTS)
-        with open(fd, "rb", closefd=True) as f:
+        try:
             size = st.st_size
             if size < HEADER_BYTES or (size - HEADER_BYTES) % TOKEN_BYTES:
                 raise TokenCacheRefused(
@@ -91,26 +141,21 @@ class TokenCache:
                     f"({(size - HEADER_BYTES) % TOKEN_BYTES if size >= HEADER_BYTES else size} "
                     f"stray bytes; a 16-byte header then u32 ids)",
                     "the file is truncated or not a token cache; re-run `coppelius tokenize`")
-            n = (size - HEADER_BYTES) // TOKEN_BYTES
             with paths.refusing("token cache", path, "read", TokenCacheRefused):
                 raw = os.pread(fd, HEADER_BYTES, 0)
-                try:
-                    tokens = (np.memmap(f, TOKEN_DTYPE, "r", offset=HEADER_BYTES, shape=(n,))
-                              if n else np.zeros(0, TOKEN_DTYPE))
-                except ValueError:              # mmap: the file shrank since fstat
-                    raw = b""
             if len(raw) < HEADER_BYTES:
                 raise TokenCacheRefused(f"token cache {path} shrank while being opened "
                                         f"(fstat said {size} bytes)",
                                         "another process is writing it; retry when it is done")
-        head = np.frombuffer(raw, HEADER_DTYPE)[0]
-        return cls(path, profile, tokens, int(head["mtime_ns"]), int(head["size"]))
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(path, profile, fd, (size, st.st_mtime_ns, raw))
+
+    def close(self) -> None:
+        self._close()
 
     # ---- shape ----
-    @property
-    def token_count(self) -> int:
-        return int(self.tokens.shape[0])
-
     @property
     def context_count(self) -> int:
         """Whole contexts available: context c needs ids up to T·c + T inclusive."""
@@ -141,16 +186,33 @@ class TokenCache:
                 f"contexts); the run uses contexts {c0}..{c0 + steps - 1}, which need "
                 f"{T}·({c0}+{steps})+1 = {need} tokens",
                 "use a longer stream, fewer steps, or a checkpoint with a smaller update count")
-        start = T * c0
-        for a in range(start, need, _SCAN_TOKENS):
-            chunk = np.asarray(self.tokens[a:min(need, a + _SCAN_TOKENS)])
-            if chunk.size and int(chunk.max()) >= V:
+        buf = np.empty(min(_SCAN_TOKENS, need - T * c0), TOKEN_DTYPE)
+        for a in range(T * c0, need, _SCAN_TOKENS):
+            chunk = buf[:min(need - a, _SCAN_TOKENS)]
+            with paths.refusing("token cache", self.path, "read", TokenCacheRefused):
+                got = read_ids(self.fd, a, chunk)
+            if got < len(chunk):
+                raise TokenCacheRefused(f"token cache {self.path} shrank while being checked "
+                                        f"(opened with {self.fingerprint[0]} bytes)",
+                                        "another process is writing it; retry when it is done")
+            if int(chunk.max()) >= V:
                 i = int(np.argmax(chunk >= V))
+                if int(chunk[i]) >= NO_TOKENIZER_IDS:     # no tokenizer has that many ids
+                    raise TokenCacheRefused(
+                        f"token cache {self.path}: {self._where(a + i)} has id {int(chunk[i])}, "
+                        f"beyond any tokenizer's ids: the file is not a token cache (text?)",
+                        f"make one from it: coppelius tokenize {self.path} -o CACHE")
                 raise TokenCacheRefused(
                     f"token cache {self.path}: {self._where(a + i)} has id {int(chunk[i])}, "
                     f"not below the vocabulary size {V}",
                     f"re-tokenize with a tokenizer of at most {V} ids "
                     f"(`coppelius tokenize`), or use the profile the cache was made for")
+        with paths.refusing("token cache", self.path, "read", TokenCacheRefused):
+            now = _fingerprint(self.fd)
+        if now != self.fingerprint:
+            raise TokenCacheRefused(f"token cache {self.path} changed while being checked "
+                                    f"({_difference(self.fingerprint, now)})",
+                                    "another process is writing it; retry when it is done")
 
     def check_source(self, source) -> None:
         """Refuse when the source's mtime/size no longer match the header (a stale cache)."""
@@ -162,18 +224,53 @@ class TokenCache:
                 f"mtime {mtime} ns and size {size} bytes",
                 f"re-run `coppelius tokenize {source} -o {self.path} --force`")
 
+    def ids(self, first: int = 0, count: int | None = None) -> np.ndarray:
+        """Ids [first, first + count) (default: to the end), read now into host memory."""
+        count = self.token_count - first if count is None else count
+        out = np.empty(count, TOKEN_DTYPE)
+        with paths.refusing("token cache", self.path, "read", TokenCacheRefused):
+            got = read_ids(self.fd, first, out)
+        return out[:got]
+
     # ---- contexts ----
     def context(self, c: int) -> tuple[np.ndarray, np.ndarray]:
-        """(inputs (T,), targets (T,)) as read-only views of the map."""
+        """(inputs (T,), targets (T,)) of context c, read now into host memory: the file must
+        still be what was opened and checked, and every id below V (`TokenCacheChanged`)."""
         if not 0 <= c < self.context_count:
             raise TokenCacheRefused(f"token cache {self.path}: context {c} is outside "
                                     f"0..{self.context_count - 1}", "validate the run first")
-        T = self.profile.context
-        window = self.tokens[T * c:T * c + T + 1]
+        T, V = self.profile.context, self.profile.vocab
+        window = np.empty(T + 1, TOKEN_DTYPE)
+        try:
+            now = _fingerprint(self.fd)
+            got = read_ids(self.fd, T * c, window) if now == self.fingerprint else None
+        except OSError as e:        # an I/O error reading the cache: a host error naming it
+            raise OSError(e.errno, e.strerror, os.fspath(self.path)) from None
+        if got is None:
+            raise TokenCacheChanged(self.path, c, _difference(self.fingerprint, now))
+        if got < T + 1:
+            raise TokenCacheChanged(self.path, c, f"it ends at token {T * c + got}")
+        if int(window.max()) >= V:
+            i = int(np.argmax(window >= V))
+            raise TokenCacheChanged(self.path, c, f"{self._where(T * c + i)} now has id "
+                                    f"{int(window[i])}, not below the vocabulary size {V}")
         return window[:T], window[1:]
 
     def write_input_record(self, views, c: int) -> None:
-        """Stage context c: inputs and targets into the staging views (u32, aliasing staging)."""
+        """Stage context c, checked (`context`): inputs and targets into the staging views (u32,
+        aliasing staging); nothing reaches staging when the check fails."""
         inputs, targets = self.context(c)
         views.inputs[:] = inputs
         views.targets[:] = targets
+
+
+def _difference(was: tuple[int, int, bytes], now: tuple[int, int, bytes]) -> str:
+    """'size 8212 → 4016 bytes', 'mtime … → … ns', 'header …': how the file changed."""
+    parts = []
+    if was[0] != now[0]:
+        parts.append(f"size {was[0]} → {now[0]} bytes")
+    if was[1] != now[1]:
+        parts.append(f"mtime {was[1]} → {now[1]} ns")
+    if was[2] != now[2]:
+        parts.append(f"header {was[2].hex()} → {now[2].hex()}")
+    return ", ".join(parts)

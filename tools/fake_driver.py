@@ -94,6 +94,8 @@ class _Device:
     def cuDeviceGet(self, i): return (OK, 0)
     def cuDriverGetVersion(self): return (OK, 13000)
     def cuDeviceGetName(self, n, dev): return (OK, b"Fake H200\0")
+    def cuDeviceGetUuid(self, dev): return (OK, SimpleNamespace(bytes=b"fake-gpu-uuid-00"))
+    def cuDeviceGetPCIBusId(self, n, dev): return (OK, b"0000:01:00.0\0")
     def cuDeviceGetAttribute(self, attr, dev):
         return (OK, {"major": self.cc[0], "minor": self.cc[1], "map": 1,
                      "optin": self.shared_optin}[attr])

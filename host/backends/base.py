@@ -64,6 +64,11 @@ class Backend:
     def device(self) -> DeviceInfo:
         raise NotImplementedError
 
+    def gpu_identity(self):
+        """The GPU's ordinal, UUID and PCI bus id (coppelius.driver.device.GpuIdentity); None
+        where no GPU runs the plan (the interpreter)."""
+        return None
+
     # ---- launch arguments: device buffers and staging by the backend, scalars here
     def resolve(self, arg, t_base: int):
         """A launch argument as the backend passes it: a buffer or staging address, or a scalar

@@ -38,11 +38,13 @@ def lock(path, name=None):
     lock file is harmless and is never removed.  `name` is how a refusal calls the checkpoint
     (the user's spelling of a resolved path)."""
     lock_path = os.path.realpath(path) + LOCK_SUFFIX
+    # a read-only file system refuses an existing lock file too: say "open", not "create"
+    action = "open for writing" if os.path.lexists(lock_path) else "create"
     fd, _ = paths.open_regular(lock_path, "lock file", CheckpointLocked,
                                {errno.ENOENT: "the checkpoint's directory must exist and be "
                                               "writable",
                                 "not regular": "remove it; the run creates its lock file itself"},
-                               flags=os.O_RDWR | os.O_CREAT, action="create")
+                               flags=os.O_RDWR | os.O_CREAT, action=action)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -14,6 +14,8 @@ from __future__ import annotations
 import sys
 import time
 
+from coppelius.cli.options import add_device_argument
+
 ORDER = 80
 
 
@@ -21,6 +23,7 @@ def register(sub) -> None:
     p = sub.add_parser("doctor", help="check the driver, the device, the PTX target and a smoke launch")
     p.add_argument("--profile", default="coppelius", help="whose PTX to load (default coppelius)")
     p.add_argument("--json", action="store_true", help="print the checks as one JSON object")
+    add_device_argument(p)
     p.set_defaults(func=run)
 
 
@@ -114,7 +117,6 @@ def _installation_checks(profile, report: Report) -> bool:
     """Version, committed PTX, bindings; False when nothing further can be checked."""
     from coppelius import __version__
     from coppelius.driver import calls as drv
-    from coppelius.driver.device import Device
     from coppelius.backends.cuda import ptx
     from coppelius.staging.errors import UserError
     line = report.line
@@ -226,7 +228,7 @@ def run(args) -> int:
     if not _installation_checks(profile, report):
         return report.finish()
     try:
-        dev = Device()
+        dev = Device(args.device)
     except drv.BindingsMismatch as e:              # bindings newer than the driver's CUDA
         line("cuda-bindings", str(e), False)
         return report.finish()
@@ -237,6 +239,8 @@ def run(args) -> int:
     v = dev.driver_version
     line("driver", f"CUDA {v // 1000}.{(v % 1000) // 10} ({v})")
     line("device", f"{dev.name}, compute capability {dev.major}.{dev.minor}")
+    ident = dev.identity
+    line("gpu", f"device {ident.ordinal}: {ident.uuid_text}, PCI bus id {ident.pci_bus_id}")
     t = time.perf_counter()
     try:
         backend = CudaBackend(profile, device=dev)      # owns dev from here on, closes it

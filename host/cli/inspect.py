@@ -4,7 +4,9 @@ The command: arguments, the plot, the JSON or the text report; what it shows is
 `coppelius.forensics.summary.summarize`."""
 from __future__ import annotations
 
+import errno
 import json
+import os
 import sys
 
 import numpy as np
@@ -46,13 +48,30 @@ def run(args) -> int:
         from coppelius.forensics.plot import plot
         plot(rf, args.plot, levels=run_levels(rf, stream))
     info = summarize(rf, stream)
-    if args.json:
-        json.dump(info, sys.stdout, allow_nan=False, separators=(",", ":"))
-        sys.stdout.write("\n")
-    else:
-        render(info, rf)
-        if args.plot:
-            print(f"plot written to {args.plot}")
+    try:
+        if args.json:
+            json.dump(info, sys.stdout, allow_nan=False, separators=(",", ":"))
+            sys.stdout.write("\n")
+        else:
+            render(info, rf)
+            if args.plot:
+                print(f"plot written to {args.plot}")
+        sys.stdout.flush()
+    except BrokenPipeError:
+        return _reader_gone()
+    return 0
+
+
+def _broken_pipe() -> None:
+    raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+
+
+def _reader_gone() -> int:
+    """`inspect … | head`: the reader closed the pipe after what it wanted; that is success, and
+    nothing more is written (stdout goes to /dev/null, so the exit's flush cannot fail again)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
     return 0
 
 
@@ -80,6 +99,7 @@ def render(info: dict, rf) -> None:
     device's records, the predictions, the warnings."""
     from coppelius.cli.console import report_console
     c = report_console()
+    c.on_broken_pipe = _broken_pipe     # rich would exit 1; `run` ends quietly with 0 instead
     _render_identity(c, info)
     _render_losses(c, info, rf)
     _render_timing(c, info)
@@ -105,6 +125,10 @@ def _render_identity(c, info: dict) -> None:
             f"steps {st['steps_completed']:,}/{st['steps_planned']:,}, update count "
             f"{st['update_count']:,}, publications {st['publications']}, wall "
             f"{st['wall_ns'] / 1e9:,.1f} s")
+    ran = info["ran_on"]
+    c.print(f"status block version {st['version']}: host {ran['host_name'] or '—'}, GPU "
+            f"{ran['gpu_uuid'] or '—'}, PCI bus id {ran['pci_bus_id'] or '—'}"
+            + (" (version 1 records neither)" if st["version"] == 1 else ""))
 
 
 def _render_losses(c, info: dict, rf) -> None:
@@ -153,9 +177,9 @@ def _render_timing(c, info: dict) -> None:
     t.add_row("device time per update step (ms)", _f(tm["device_step_ms_p50"], ".3f"),
               _f(tm["device_step_ms_p99"], ".3f"), _f(tm["device_step_ms_max"], ".3f"),
               f"{tm['updates_timed']:,}")
-    t.add_row("host gap, fence → next issue (µs)", _f(tm["host_gap_us_p50"], ".1f"),
+    t.add_row("host gap, fence → next update issue (µs)", _f(tm["host_gap_us_p50"], ".1f"),
               _f(tm["host_gap_us_p99"], ".1f"), _f(tm["host_gap_us_max"], ".1f"),
-              f"{max(info['issues'] - 1, 0):,}")
+              f"{tm['host_gaps_timed']:,}")
     c.print(t)
 
     t = Table(box=box.SIMPLE_HEAD, title=f"semaphores (gpGet {st['gp_get']:,}, gpPut {st['gp_put']:,})",
@@ -166,6 +190,14 @@ def _render_timing(c, info: dict) -> None:
         t.add_row(s["submission"], str(s["final_payload"]), str(s["final_timestamp"]),
                   str(s["prelaunch_payload"]), str(s["prelaunch_timestamp"]))
     c.print(t)
+
+
+def _unlinked(stat: dict) -> str:
+    """What nlink 0 means: the stat record is taken after the run, and the input file (a fresh
+    start's empty checkpoint, or the loaded one) was replaced by the run's first publication."""
+    if stat["st_nlink"]:
+        return ""
+    return (" (the input file as opened; the run's publication replaced it under its name)")
 
 
 def _render_records(c, info: dict) -> None:
@@ -196,9 +228,11 @@ def _render_records(c, info: dict) -> None:
             f"final row {PREDICTION_ROWS[-1]} argmax {info['final_argmax']}")
     s = info["stat"]
     c.print(f"checkpoint input stat: dev {s['st_dev']} ino {s['st_ino']} size {s['st_size']:,} "
-            f"mode {s['st_mode']:o} nlink {s['st_nlink']}, update count {s['update_count']:,}, "
+            f"mode {s['st_mode']:o} nlink {s['st_nlink']}{_unlinked(s)}, update count "
+            f"{s['update_count']:,}, "
             f"gpGet {s['gp_get']} gpPut {s['gp_put']} semaphore word {s['semaphore_word']}, "
             f"payload sha256 {s['payload_sha256'][:16]}…")
-    c.print(f"last published checkpoint sha256 {st['checkpoint_sha256']}")
+    c.print(f"last published checkpoint sha256 {info['checkpoint_digest']}"
+            + (" (its first 8 bytes: status block version 2)" if st["version"] != 1 else ""))
     for w in info["warnings"]:
         c.print(styled(("warning", "yellow"), f": {w}"))

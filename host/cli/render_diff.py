@@ -39,6 +39,16 @@ def _rules(rep: dict) -> str:
     return f"{numbers}; time-dependent and environment fields never count"
 
 
+def ran_on(values, side: str | None = None) -> str:
+    """ " on HOST, GPU-… (PCI 0000:65:00.0)": where a file was written (status block version 2),
+    from a report's identity rows (`side` "a"/"b") or one file's identity dict; "" when unknown."""
+    if side is not None:
+        values = {r["field"]: r[side] for r in values}
+    host, uuid, bus = values.get("host_name"), values.get("gpu_uuid"), values.get("pci_bus_id")
+    parts = ([f"on {host}"] if host else []) + ([f"{uuid} (PCI {bus})"] if uuid else [])
+    return (" " + ", ".join(parts)) if parts else ""
+
+
 # ------------------------------------------------------------------------------------ two files
 def render(rep: dict) -> None:
     """The files, the verdict, the first difference, a row per section, then what differs apart."""
@@ -46,7 +56,7 @@ def render(rep: dict) -> None:
     for k in ("a", "b"):
         d = rep[k]
         c.print(f"{k.upper()}: {d['path']} ({d['profile']}, {d['outcome']}, {d['steps']:,} steps, "
-                f"{d['size']:,} bytes)")
+                f"{d['size']:,} bytes){ran_on(rep['identity'], k)}")
     colour = "green" if rep["same"] else "red"
     tol = f" (atol {rep['atol']:g}, rtol {rep['rtol']:g})" if rep["atol"] or rep["rtol"] else ""
     c.print(styled((rep["verdict"], f"bold {colour}"), tol))
@@ -75,12 +85,19 @@ def digest_step(rep: dict) -> int:
 
 
 def bisect_hint(rep: dict) -> str:
-    """The command to run next: digests of that update on both sides, then the bisect."""
+    """The command to run next: digests of that update on both sides, each from the checkpoint
+    its run started from (a run advances its checkpoint in place: run again from it and the step
+    is a later one, and bisect refuses the pair), then the bisect."""
     n = digest_step(rep)
     tol = " --across-backends" if rep["across_backends"] else ""
-    return (f"next, to name the kernel: run each side's invocation again with --digests FILE "
-            f"--digest-step {n} (e.g. coppelius run ... --steps {n + 1} --digests A.json "
-            f"--digest-step {n}), then coppelius bisect A.json B.json{tol}")
+    c0 = {rep["a"]["c0"], rep["b"]["c0"]}
+    start = ("a fresh checkpoint (the runs started at update 0)" if c0 == {0} else
+             f"a copy of the checkpoint it started from (update {'/'.join(map(str, sorted(c0)))}, "
+             "saved before it ran)")
+    return (f"next, to name the kernel: run each side's invocation again from {start}, with "
+            f"--digests FILE --digest-step {n} (e.g. coppelius run ... --checkpoint START.ckpt "
+            f"--steps {n + 1} --digests A.json --digest-step {n}), then coppelius bisect A.json "
+            f"B.json{tol}")
 
 
 def _first_line(f: dict) -> str:
@@ -163,7 +180,8 @@ def render_fleet(fleet: dict) -> None:
                   _cell(files, "c0"), _difference_text(cls["first_difference"]))
     c.print(t)
     for cls in fleet["classes"]:
-        c.print(f"class {cls['class']}: " + ", ".join(cls["members"]))
+        c.print(f"class {cls['class']}: " + ", ".join(
+            m + ran_on(d) for m, d in zip(cls["members"], cls["member_details"])))
 
 
 def _cell(files: list[dict], field: str) -> str:

@@ -1,6 +1,7 @@
 """`coppelius run`: the main job, with live progress and a closing summary."""
 from __future__ import annotations
 
+import datetime
 import time
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import numpy as np
 from coppelius.staging.synthetic import DEFAULT_DIRECTORY
 
 from coppelius.staging.errors import UserError
+from coppelius.cli.options import add_device_argument
 from coppelius.levels import WINDOW
 from coppelius.run.ring import DEFAULT_FENCE_TIMEOUT_S
 
@@ -29,6 +31,7 @@ def register(sub) -> None:
     p.add_argument("--profile", default="coppelius", help="coppelius (default) or tiny")
     p.add_argument("--backend", default="cuda", choices=["cuda", "interpret"],
                    help="cuda (default; the GPU) or interpret (Triton's interpreter on the CPU)")
+    add_device_argument(p)
     p.add_argument("--source", type=Path, help="the token cache's source; its mtime and size must "
                    "match the cache header")
     p.add_argument("--overwrite", action="store_true", help="replace an existing result file")
@@ -47,6 +50,10 @@ def register(sub) -> None:
     p.add_argument("--digest-step", type=int, metavar="N",
                    help="the step whose update --digests describes (0-based, within this run; "
                    "default 0)")
+    p.add_argument("--soak", type=int, default=1, metavar="K",
+                   help="with --digests: replay that step K times from its one saved state and "
+                   "compare every repetition's digests with the first (`coppelius soak FILE` "
+                   "names a transient fault by launch and region)")
     p.set_defaults(func=run, handles_signals=True)    # coppelius.run.loop._Signals from the start
 
 
@@ -72,6 +79,19 @@ def _floor_caption(levels) -> str:
             f"contexts ({levels.floor.min():.2f}–{levels.floor.max():.2f} per context), no-copy "
             f"{levels.no_copy.mean():.4f}; shown: the last {WINDOW} steps' mean against their "
             "floor")
+
+
+def plural(n: int, word: str) -> str:
+    """'1 step', '2 steps', '0 publications'."""
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def left_field(task) -> str:
+    """The bar's remaining time: 'left 0:01:32' while it runs, 'done' once every step is."""
+    if task.finished:
+        return "done"
+    left = task.time_remaining
+    return "left -:--:--" if left is None else f"left {datetime.timedelta(seconds=int(left))}"
 
 
 def _field_column(text_of):
@@ -113,13 +133,12 @@ class RichProgress:
         self.bar = None
 
     def start(self, summary, levels, tokens_per_step):
-        from rich.progress import (BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn,
-                                   TimeRemainingColumn)
+        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
         self.summary, self.levels, self.tokens_per_step = summary, levels, tokens_per_step
         self.t0 = time.monotonic()
         from rich.markup import escape        # a path may hold "[...]": never read as markup
         self.console.print(f"[bold]coppelius run[/bold]: c0={summary.c0}, "
-                           f"{summary.steps_planned} steps, "
+                           f"{plural(summary.steps_planned, 'step')}, "
                            f"checkpoint {escape(str(summary.checkpoint))}, "
                            f"result {escape(str(summary.result))}"
                            + escape(_floor_caption(levels)), soft_wrap=True, highlight=False)
@@ -127,8 +146,7 @@ class RichProgress:
             return
         rate = _field_column(lambda task: self.rate_field(task.completed))
         self.bar = _bar_with_line(self.loss_field, TextColumn("step"), MofNCompleteColumn(),
-                                  BarColumn(), rate,
-                                  TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(),
+                                  BarColumn(), rate, TimeElapsedColumn(), _field_column(left_field),
                                   TextColumn("{task.fields[pubs]}"), console=self.console,
                                   refresh_per_second=4, transient=False)
         self.bar.start()
@@ -170,19 +188,21 @@ def run(args) -> int:
 
     profile = profiles.get(args.profile)
     req = Request(profile=profile, tokens=args.tokens, checkpoint=args.checkpoint,
-                  result=args.result, backend=args.backend, source=args.source,
+                  result=args.result, backend=args.backend, device=args.device, source=args.source,
                   overwrite=args.overwrite, fence_timeout_s=args.fence_timeout,
                   directory=args.directory, steps=args.steps, digests=args.digests,
                   digest_step=0 if args.digest_step is None else args.digest_step,
-                  digest_perturb=getattr(args, "digest_perturb", None))   # tools/perturb_digests
+                  digest_perturb=getattr(args, "digest_perturb", None),   # tools/perturb_digests
+                  soak=args.soak)
     if args.digest_step is not None and args.digests is None:
         raise UserError("--digest-step needs --digests FILE", "name the file the digests go to")
     progress = RichProgress(quiet=args.quiet)
     summary = run_loop(req, progress)
     losses = summary.losses
     outcome = R.OUTCOMES[summary.outcome]
-    line = (f"{outcome}: {summary.steps_completed}/{summary.steps_planned} steps, update count "
-            f"{summary.update_count}, {summary.publications} publications, {summary.wall_s:.1f} s")
+    line = (f"{outcome}: {summary.steps_completed}/{plural(summary.steps_planned, 'step')}, "
+            f"update count {summary.update_count}, {plural(summary.publications, 'publication')}, "
+            f"{summary.wall_s:.1f} s")
     if losses:
         line += f", loss {losses[0]:.4f} → {losses[-1]:.4f}"
     # one line at any width (rich wraps at 80 columns when stderr is not a terminal), and paths

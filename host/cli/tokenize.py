@@ -19,6 +19,7 @@ ORDER = 60
 # text per batch: 29 batches for the stdlib's 31.5 MB, so two workers finish within a batch of each
 # other and the progress bar moves; each worker keeps its own piece cache across its batches
 BATCH_BYTES = 1 << 20
+MIN_VOCAB = 257            # a trained tokenizer's floor: the 256 byte symbols and <|endoftext|>
 START_METHOD = "fork"      # where the OS has it: a worker costs ms, not a fresh interpreter's 0.15 s
 
 _encoder = None            # this process's tz.Encoder: the parent's copy, or a worker's own
@@ -32,11 +33,18 @@ def register(sub) -> None:
                                    "a token cache: 16-byte header then u32 ids, "
                                    "<|endoftext|> after every file.")
     p.add_argument("sources", nargs="+", metavar="SOURCE", help="text files or directories")
-    p.add_argument("-o", "--output", required=True, metavar="CACHE", help="token cache to write")
+    p.add_argument("-o", "--output", metavar="CACHE", help="token cache to write")
     p.add_argument("--tokenizer", metavar="FILE",
-                   help="tokenizers JSON file (default: the shipped stdlib tokenizer)")
+                   help="tokenizers JSON file (default: the shipped stdlib tokenizer of the "
+                        "profile's vocabulary: 12,288 ids, or 512 for tiny)")
     p.add_argument("--profile", default="coppelius",
                    help="profile whose vocabulary bounds the ids (default: coppelius)")
+    p.add_argument("--train-tokenizer", metavar="FILE",
+                   help="instead of a cache: train a byte-level BPE tokenizer on the SOURCEs "
+                        "and write it to FILE (for --tokenizer)")
+    p.add_argument("--vocab", type=int, metavar="N",
+                   help="ids of the tokenizer --train-tokenizer makes (default: the profile's "
+                        "vocabulary)")
     p.add_argument("--jobs", "-j", metavar="N",
                    help=f"worker processes (default: the CPU count, here {default_jobs()}); "
                         "the cache is the same for every N")
@@ -180,15 +188,19 @@ def run(args) -> int:
     from coppelius.staging.errors import UserError
 
     global _encoder
-    jobs = parse_jobs(args.jobs)
     profile = profiles.get(args.profile)
-    tok = tz.load(args.tokenizer)
+    if args.train_tokenizer is not None:
+        return train_tokenizer(args, profile)
+    if args.output is None:
+        raise UserError("tokenize needs -o CACHE (or --train-tokenizer FILE)",
+                        "name the token cache to write: -o CACHE")
+    jobs = parse_jobs(args.jobs)
+    tok = tz.load(args.tokenizer, profile.vocab)
     ids = tz.vocabulary_size(tok)
     if ids > profile.vocab:
         raise tz.TokenizerRefused(
-            f"tokenizer {args.tokenizer or tz.DEFAULT_TOKENIZER} has {ids} ids, more than the "
-            f"{profile.name} vocabulary of {profile.vocab}",
-            f"train one with at most {profile.vocab} ids (python -m tools.train_tokenizer --vocab)")
+            f"tokenizer {args.tokenizer or tz.shipped(profile.vocab)} has {ids} ids, more than "
+            f"the {profile.name} vocabulary of {profile.vocab}", tz.train_hint(profile.vocab))
     eot = tz.end_of_text_id(tok)
     out = pathlib.Path(args.output)
     paths.check_output(out, "token cache", overwrite=args.force,
@@ -224,6 +236,40 @@ def run(args) -> int:
                   f"{profile.context}; {jobs} job(s), {dt:.2f} s, "
                   f"{size / 1e6 / max(dt, 1e-9):.1f} MB/s{note}",
                   soft_wrap=True, markup=False, highlight=False)
+    return 0
+
+
+def train_tokenizer(args, profile) -> int:
+    """`--train-tokenizer FILE`: a tokenizer trained on the sources (coppelius.tokenizer.train),
+    written atomically to FILE; a shipped tokenizer is never replaced."""
+    import pathlib
+    import time
+
+    from coppelius import tokenizer as tz
+    from coppelius.staging import paths
+    from coppelius.staging import tokens as tk
+    from coppelius.staging.errors import UserError
+    vocab = profile.vocab if args.vocab is None else args.vocab
+    if not MIN_VOCAB <= vocab <= profile.vocab:
+        raise UserError(f"--vocab {vocab} is outside {MIN_VOCAB}..{profile.vocab} (the 256 "
+                        f"bytes and <|endoftext|> .. the {profile.name} vocabulary)",
+                        f"pass --vocab {min(max(vocab, MIN_VOCAB), profile.vocab)}, or another "
+                        "--profile")
+    out = pathlib.Path(args.train_tokenizer)
+    if out.resolve().parent == tz.DATA:
+        raise UserError(f"{out} is where the shipped tokenizers live; refusing to replace one",
+                        "name a file of your own, e.g. --train-tokenizer my-tokenizer.json")
+    paths.check_output(out, "tokenizer", overwrite=args.force,
+                       exists_hint="pass --force to overwrite it")
+    files = tk.source_files(args.sources)
+    if not files:
+        raise UserError(f"no files under {' '.join(args.sources)}", "name files or directories")
+    t0 = time.perf_counter()
+    tok = tz.train(files, vocab)
+    with paths.atomic_write(out, "tokenizer") as f:
+        f.write(tok.to_str(pretty=True).encode("utf-8"))
+    print(f"{out}: {tz.vocabulary_size(tok)} ids trained on {len(files)} file(s) in "
+          f"{time.perf_counter() - t0:.1f} s; use it with --tokenizer {out}")
     return 0
 
 

@@ -4,6 +4,7 @@ The command: arguments and the table; the recomputation and the comparison are
 `coppelius.forensics.verify`, the tolerances `coppelius.forensics.tolerances`."""
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 from coppelius.staging.synthetic import DEFAULT_DIRECTORY
@@ -30,14 +31,26 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+def _stream_directory(args, scratch: str):
+    """Where verify finds the embedded stream: --directory when the result's profile's stream is
+    there, else `scratch` (generated there and dropped after: verify writes nothing of its own)."""
+    if args.tokens is not None:
+        return args.directory
+    from coppelius.results.reader import read
+    from coppelius.staging.synthetic import STREAM_SUFFIX
+    name = f"{read(args.result).profile.name}{STREAM_SUFFIX}"
+    return args.directory if (Path(args.directory) / name).exists() else Path(scratch)
+
+
 def run(args) -> int:
     from rich.table import Table
 
     from coppelius.cli.console import report_console, styled
     from coppelius.forensics.verify import verify
 
-    rep = verify(args.result, args.tokens, args.steps, args.checkpoint, args.mean_atol,
-                 args.row_atol, args.directory)
+    with tempfile.TemporaryDirectory(prefix="coppelius-verify-") as scratch:
+        rep = verify(args.result, args.tokens, args.steps, args.checkpoint, args.mean_atol,
+                     args.row_atol, _stream_directory(args, scratch))
     console = report_console()
     table = Table(title=f"verify {args.result} ({rep['profile']}, c0={rep['c0']}, "
                   f"{rep['steps']} steps)")
@@ -58,4 +71,8 @@ def run(args) -> int:
                       f"{s['mean_atol']:.0e} / {s['row_atol']:.0e}", verdict(s["ok"]))
     console.print(table)
     console.print("verified" if rep["ok"] else styled(("verification failed", "red")))
+    if not rep["ok"] and args.tokens is None:
+        console.print("recomputed on the embedded stream: a result trained on a token cache "
+                      "(run --tokens CACHE) differs from it; verify it with the same --tokens CACHE",
+                      soft_wrap=True)
     return 0 if rep["ok"] else 1

@@ -22,13 +22,43 @@ from __future__ import annotations
 
 import re
 import warnings
+from pathlib import Path
 
 from coppelius.errors import BackendUnavailable, DeviceError
 
 _cu = None
-# true from the state `make run` leaves on a machine without a GPU (tests/host/cli/test_cli.py runs it)
-NO_GPU_HINT = ("no GPU here: `make demo` runs the tiny profile on the CPU; with pip: pip install -e "
-               "'.[demo]', then `coppelius run --profile tiny --backend interpret`")
+
+
+def from_checkout() -> bool:
+    """True when this `coppelius` is a checkout's host/ (an editable install, or
+    `python3 -m tools.checkout`), beside the Makefile and pyproject.toml; False in a wheel."""
+    root = Path(__file__).resolve().parents[2]
+    return Path(__file__).resolve().parents[1].name == "host" and all(
+        (root / name).is_file() for name in ("pyproject.toml", "Makefile"))
+
+
+def install_hint(extra: str) -> str:
+    """How to add an optional dependency set (`demo`, `text`, `plot`), as it works here: `make`
+    in a checkout, pip's extra of the installed distribution otherwise (no `-e .` outside one)."""
+    if from_checkout():
+        target = {"demo": "make demo"}.get(extra, "make test")
+        root = Path(__file__).resolve().parents[2]
+        return f"`{target}` in {root}, or there: pip install -e '.[{extra}]'"
+    return f"pip install 'coppelius[{extra}]'"
+
+
+def _no_gpu_hint() -> str:
+    tiny = "`coppelius run --profile tiny --backend interpret`"
+    if from_checkout():
+        root = Path(__file__).resolve().parents[2]
+        return (f"no GPU here: `make demo` in {root} runs the tiny profile on the CPU; with pip, "
+                f"there: pip install -e '.[demo]', then {tiny}")
+    return f"no GPU here: the tiny profile runs on the CPU: {install_hint('demo')}, then {tiny}"
+
+
+# true from the state `make run` (or a wheel) leaves on a machine without a GPU (tests/host/cli/
+# test_cli.py and tests/package/test_first_hour_wheel.py run it)
+NO_GPU_HINT = _no_gpu_hint()
 BINDINGS_FLOOR = (12, 9, 1)     # pyproject.toml's floor; tests/host/backends/test_cuda_backend_fake.py ties the two
 BINDINGS_HINT = ("pip install 'cuda-bindings>=12.9.1,<13' for a CUDA 12 driver, "
                  "'cuda-bindings>=13.0.0,<14' for a CUDA 13 driver")

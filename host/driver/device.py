@@ -1,10 +1,12 @@
-"""The device: device 0 with its primary context, device memory, the mapped staging region, copies.
+"""The device: device N (an ordinal under CUDA_VISIBLE_DEVICES, as CUDA counts) with its primary
+context and identity (UUID, PCI bus id), device memory, the mapped staging region, copies.
 
 Every driver return goes through host/driver/calls.py's `check()` (`release()` on a close path).
 """
 from __future__ import annotations
 
 import ctypes
+from dataclasses import dataclass
 
 from coppelius.errors import BackendUnavailable
 from coppelius.driver.calls import (NO_GPU_HINT, DriverError, bindings_version, check,
@@ -12,27 +14,93 @@ from coppelius.driver.calls import (NO_GPU_HINT, DriverError, bindings_version, 
 from coppelius.driver.stream import Stream
 
 
+PCI_BUS_ID_BYTES = 64           # cuDeviceGetPCIBusId needs 13; room for a 32-bit domain
+UUID_GROUPS = (8, 4, 4, 4, 12)  # hex digits per group of "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
+
+
+def uuid_text(raw: bytes) -> str:
+    """A 16-byte GPU UUID as nvidia-smi and NVML spell it ("GPU-" and five hex groups)."""
+    h, parts = raw.hex(), []
+    for n in UUID_GROUPS:
+        parts.append(h[:n])
+        h = h[n:]
+    return "GPU-" + "-".join(parts)
+
+
+def pci_bus_id_text(domain: int, bus: int, device: int, function: int) -> str:
+    """The PCI bus id as cuDeviceGetPCIBusId spells it: "0000:65:00.0"."""
+    return f"{domain:04x}:{bus:02x}:{device:02x}.{function:x}"
+
+
+@dataclass(frozen=True)
+class GpuIdentity:
+    """Which GPU: its ordinal in this process, its 16-byte UUID and its PCI bus id."""
+    ordinal: int
+    name: str
+    uuid: bytes                 # 16 bytes (cuDeviceGetUuid)
+    pci_bus_id: str             # "0000:65:00.0" (cuDeviceGetPCIBusId): domain:bus:device.function
+
+    @property
+    def pci_fields(self) -> tuple[int, int, int, int]:
+        """(domain, bus, device, function) parsed from the bus id's hexadecimal fields."""
+        domain, bus, rest = self.pci_bus_id.split(":")
+        device, function = rest.split(".")
+        return int(domain, 16), int(bus, 16), int(device, 16), int(function, 16)
+
+    @property
+    def uuid_text(self) -> str:
+        return uuid_text(self.uuid)
+
+
+def init_driver() -> int:
+    """cuInit; the number of visible devices.  BackendUnavailable without a driver or a GPU."""
+    d = cu()
+    try:
+        check(d.cuInit(0), "cuInit")
+    except DriverError as e:
+        raise BackendUnavailable(f"no usable NVIDIA GPU: {e}", NO_GPU_HINT) from None
+    except Exception as e:          # DynamicLibNotFoundError: no libcuda on this machine
+        raise BackendUnavailable(f"no NVIDIA driver on this machine ({type(e).__name__})",
+                                 NO_GPU_HINT) from None
+    return int(check(d.cuDeviceGetCount(), "cuDeviceGetCount"))
+
+
+def device_handle(ordinal: int, count: int):
+    if not 0 <= ordinal < count:
+        raise BackendUnavailable(f"no CUDA device {ordinal} ({count} found)",
+                                 "--device counts from 0 among the devices CUDA_VISIBLE_DEVICES "
+                                 "leaves visible" if count else NO_GPU_HINT)
+    return check(cu().cuDeviceGet(ordinal), "cuDeviceGet")
+
+
+def identity_of(ordinal: int, handle) -> GpuIdentity:
+    """The name, UUID and PCI bus id of one device, from the driver (no context needed)."""
+    d = cu()
+    raw = check(d.cuDeviceGetName(64, handle), "cuDeviceGetName")
+    name = bytes(raw).split(b"\0", 1)[0].decode(errors="replace")
+    uuid = bytes(check(d.cuDeviceGetUuid(handle), "cuDeviceGetUuid").bytes)[:16]
+    bus = check(d.cuDeviceGetPCIBusId(PCI_BUS_ID_BYTES, handle), "cuDeviceGetPCIBusId")
+    bus = bytes(bus).split(b"\0", 1)[0].decode("ascii", errors="replace").lower()
+    return GpuIdentity(ordinal, name, uuid.ljust(16, b"\0"), bus)
+
+
+def visible_devices() -> list[GpuIdentity]:
+    """Every device this process sees, in CUDA's order (what `coppelius node` runs on)."""
+    count = init_driver()
+    return [identity_of(i, device_handle(i, count)) for i in range(count)]
+
+
 class Device:
-    """Device 0 with its primary context made current."""
+    """Device `ordinal` (among the visible ones) with its primary context made current."""
 
     def __init__(self, ordinal: int = 0):
         d = cu()
-        try:
-            check(d.cuInit(0), "cuInit")
-        except DriverError as e:
-            raise BackendUnavailable(f"no usable NVIDIA GPU: {e}",
-                                     NO_GPU_HINT) from None
-        except Exception as e:          # DynamicLibNotFoundError: no libcuda on this machine
-            raise BackendUnavailable(f"no NVIDIA driver on this machine ({type(e).__name__})",
-                                     NO_GPU_HINT) from None
-        count = check(d.cuDeviceGetCount(), "cuDeviceGetCount")
-        if count <= ordinal:
-            raise BackendUnavailable(f"no CUDA device {ordinal} ({count} found)",
-                                     NO_GPU_HINT)
-        self.handle = check(d.cuDeviceGet(ordinal), "cuDeviceGet")
+        count = init_driver()
+        self.ordinal = ordinal
+        self.handle = device_handle(ordinal, count)
+        self.identity = identity_of(ordinal, self.handle)
         self.driver_version = int(check(d.cuDriverGetVersion(), "cuDriverGetVersion"))
-        raw = check(d.cuDeviceGetName(64, self.handle), "cuDeviceGetName")
-        self.name = bytes(raw).split(b"\0", 1)[0].decode(errors="replace")
+        self.name = self.identity.name
         A = d.CUdevice_attribute
         self.major = int(check(d.cuDeviceGetAttribute(
             A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, self.handle), "cuDeviceGetAttribute"))

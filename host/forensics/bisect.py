@@ -157,3 +157,30 @@ def bisect(a: dict, b: dict, rules: Rules, pa="A", pb="B") -> dict:
             "rtol": rules.rtol, "a": _side(a, pa), "b": _side(b, pb),
             "launches": a["launch_count"], "differing": len(differing),
             "first": differing[0] if differing else None, "later": later}
+
+
+def soak(doc: dict, path="digests") -> dict:
+    """A soak's digests file (`coppelius run … --digests FILE --soak K`): every repetition that
+    differs from the first is a transient fault (the same step, from the same saved state, on the
+    same device), named by the first launch whose writes differ from the first repetition's and
+    its regions (bitwise); a file without a soak is refused."""
+    info = doc.get("soak")
+    if not isinstance(info, dict) or "differing" not in info:
+        raise DigestsError(f"{path}: no soak in this digests file",
+                           "make it with coppelius run … --digests FILE --soak K")
+    faults = []
+    for rep in info["differing"]:
+        other = dict(doc, launches=rep["launches"])
+        found = bisect(doc, other, Rules(), f"{path} (repetition 0)",
+                       f"{path} (repetition {rep['repetition']})")
+        if found["first"] is not None:
+            f = found["first"]
+            faults.append({"repetition": rep["repetition"], "launch": f["index"],
+                           "label": f["label"], "kernel": f["kernel"], "verdict": f["verdict"],
+                           "regions": f["regions"], "later": found["later"]})
+    return {"path": str(path), "profile": doc["profile"], "step": doc["step"],
+            "backend": doc["backend"], "device": doc["device"],
+            "repetitions": info["repetitions"], "transient": faults,
+            "same": not faults,
+            "verdict": ("no transient fault" if not faults else
+                        f"transient fault in {len(faults)} of {info['repetitions']} repetitions")}

@@ -26,10 +26,11 @@ TIME_FIELDS = {
     "timestamps": ("host_issue_ns", "device_prelaunch_ns", "device_final_ns", "host_fence_ns",
                    "host_wall_issue_ns"),
 }
-# Where the checkpoint input lives and which driver ran: the machine, not the computation.
+# Where the checkpoint input lives, which driver, GPU and host ran, and the status block's version
+# (FORMATS §4): the machine and the file format, not the computation.
 ENVIRONMENT_FIELDS = {
     "stat": ("st_dev", "st_ino", "st_mode", "st_uid", "st_gid", "st_blocks", "st_blksize"),
-    "status": ("driver_version",),
+    "status": ("driver_version", "version") + R.IDENTITY_FIELDS,
 }
 # What necessarily differs between backends: the backend code, the device (name, compute capability;
 # the driver version is an environment field already), and the digests of bits that follow from
@@ -48,7 +49,7 @@ NUMERIC_FIELDS = {"status": ("predictions",)}
 ACROSS_BACKENDS_ATOL, ACROSS_BACKENDS_RTOL = RESULTS_ACROSS
 
 IDENTITY_KEYS = ("backend", "device_name", "compute_capability", "driver_version", "ptx_target",
-                 "checkpoint_sha256", "payload_sha256")
+                 "checkpoint_sha256", "payload_sha256", "host_name", "gpu_uuid", "pci_bus_id")
 
 
 # ------------------------------------------------------------------------------------ identity
@@ -59,8 +60,8 @@ def identity(rf) -> dict:
     return {"backend": R.BACKENDS.get(code, f"code {code}"), "backend_code": code,
             "device_name": plain(st["device_name"]), "compute_capability": cc,
             "driver_version": int(st["driver_version"]), "ptx_target": ptx_target(code, cc),
-            "checkpoint_sha256": plain(st["checkpoint_sha256"]),
-            "payload_sha256": plain(rf.stat["payload_sha256"])}
+            "checkpoint_sha256": rf.checkpoint_digest(),
+            "payload_sha256": plain(rf.stat["payload_sha256"]), **rf.gpu_identity()}
 
 
 def ptx_target(backend_code: int, compute_capability: int) -> str | None:

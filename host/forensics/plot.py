@@ -17,6 +17,7 @@ from coppelius.staging import records as R
 
 from coppelius.staging.errors import UserError
 from coppelius.levels import WINDOW, trailing_mean
+from coppelius.forensics.summary import host_gaps_us, percentiles
 
 SMOOTH_STEPS = WINDOW    # running-mean window of loss, floor and no-copy (as progress and inspect)
 FIGSIZE = (12.0, 9.0)    # inches; at DPI this is the PNG's size in pixels
@@ -145,7 +146,7 @@ def _timed_panel(ax, steps, values, unit: str, colour: str, name: str, empty: st
         ax.set_title(name, fontsize=10, loc="left")
         _empty(ax, empty)
         return None
-    p50, p99 = np.percentile(values, [50, 99])
+    p50, p99 = percentiles(values)
     ax.set_title(f"{title}: p50 {p50:{spec}} {unit}, p99 {p99:{spec}} {unit}", fontsize=10,
                  loc="left")
     _series(ax, steps, values, colour)
@@ -166,8 +167,7 @@ def _device_panel(ax, rf):
 
 
 def _gap_panel(ax, rf):
-    steps, gap_ns = rf.update_gaps()                                      # (k,) each
-    gap_us = gap_ns / 1e3
+    steps, gap_us = host_gaps_us(rf)                                      # (k,) each
     p50 = _timed_panel(ax, steps, gap_us, "µs", "tab:orange", "host gap before each update",
                        "no update issues", "host gap, previous fence → this update's issue",
                        ",.1f")

@@ -83,6 +83,19 @@ def _pct(values: np.ndarray, q: float):
     return float(np.percentile(values, q)) if values.size else None
 
 
+def percentiles(values: np.ndarray) -> tuple[float | None, float | None]:
+    """(p50, p99) of a per-update time series, (None, None) when empty: what inspect's timing
+    table and the plot's panel titles both show."""
+    return _pct(values, 50), _pct(values, 99)
+
+
+def host_gaps_us(rf) -> tuple[np.ndarray, np.ndarray]:
+    """((k,) step, (k,) µs): the host gap before each update issue (the previous issue's fence →
+    this issue; the forward's fence for step 0), the one series inspect and the plot summarize."""
+    steps, gap_ns = rf.update_gaps()
+    return steps, gap_ns / 1e3
+
+
 def summarize(rf, stream: dict | None = None) -> dict:
     """Everything inspect shows, as JSON-ready values; `stream` from `stream_used`."""
     from coppelius.staging import layout as L
@@ -108,7 +121,8 @@ def summarize(rf, stream: dict | None = None) -> dict:
         sems.append(d)
     stream = stream_used(rf) if stream is None else stream
     dev = rf.device_step_ns()
-    gap = rf.host_gaps_ns()
+    _, gap_us = host_gaps_us(rf)
+    gap_p50, gap_p99 = percentiles(gap_us)
     ts = rf.timestamps
     loss_summary = {"first": None, "last": None, "min": None, "min_step": None,
                     f"mean_last_{LAST_N}": None, "non_finite_steps": int((~finite).sum())}
@@ -136,9 +150,11 @@ def summarize(rf, stream: dict | None = None) -> dict:
             "updates_timed": int(dev.size),
             "device_step_ms_p50": _ms(_pct(dev, 50)), "device_step_ms_p99": _ms(_pct(dev, 99)),
             "device_step_ms_max": _ms(float(dev.max()) if dev.size else None),
-            "host_gap_us_p50": _us(_pct(gap, 50)), "host_gap_us_p99": _us(_pct(gap, 99)),
-            "host_gap_us_max": _us(float(gap.max()) if gap.size else None)},
-        "status": status, "error_notifier": notifier, "semaphores": sems,
+            "host_gaps_timed": int(gap_us.size), "host_gap_us_p50": gap_p50,
+            "host_gap_us_p99": gap_p99, "host_gap_us_max": float(gap_us.max()) if gap_us.size
+            else None},
+        "status": status, "ran_on": rf.gpu_identity(), "checkpoint_digest": rf.checkpoint_digest(),
+        "error_notifier": notifier, "semaphores": sems,
         "stat": record_dict(rf.stat),
         "timestamps": {name: ts[name].tolist() for name in ts.dtype.names},   # columns
         "forward_argmax": [int(i) for i in np.argmax(rf.forward, axis=1)],

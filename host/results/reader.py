@@ -26,6 +26,7 @@ from coppelius.staging import records as R
 from coppelius.staging import result_sections as RS
 
 from coppelius.checkpoints.format import MAGIC as CHECKPOINT_MAGIC
+from coppelius.driver.device import pci_bus_id_text, uuid_text
 from coppelius.staging.errors import UserError
 
 FORWARD, STEPS, STATUS, TIMESTAMPS = (RS.SECTION[n] for n in ("forward", "steps", "status",
@@ -35,6 +36,46 @@ ATTRIBUTES = {"steps": "losses"}            # section → ResultFile attribute, 
 
 class ResultFileError(UserError):
     """A file is not a readable result file; the message says precisely why, in one line."""
+
+
+def _status_fields_record() -> R.Record:
+    """Not a file layout: the status block as the reader gives it for either version (FORMATS
+    §4): version 1's fields at their offsets (a version-2 file's update_count derived, its
+    predictions split into {token, valid}, its 8-byte checkpoint digest followed by zeros), then
+    version 2's identity fields (zeros in a version-1 file)."""
+    v1, v2 = R.STATUS_BLOCK, R.STATUS_BLOCK_V2
+    fields = [(name, v1.dtype.fields[name][0], v1.offset(name)) for name in v1.fields]
+    at = v1.itemsize
+    for name in R.IDENTITY_FIELDS:
+        fields.append((name, v2.dtype.fields[name][0], at))
+        at += v2.dtype.fields[name][0].itemsize
+    return R.Record("status fields", fields, at)
+
+
+STATUS_FIELDS = _status_fields_record()
+VALID_SHIFT = R.PREDICTION_VALID_BIT.bit_length() - 1
+
+
+def status_fields(block) -> np.void:
+    """A status block of either version (its 160 bytes) as one STATUS_FIELDS record (a copy)."""
+    data = np.frombuffer(memoryview(block).cast("B"), np.uint8)
+    at, kind = R.STATUS_BLOCK.offset("version"), R.STATUS_BLOCK.dtype["version"]
+    version = int(data[at:at + kind.itemsize].view(kind)[0])
+    out = STATUS_FIELDS.zeros()[()]                 # np.void over a fresh 0-d array
+    layout = R.STATUS_BLOCK if version == R.STATUS_VERSION_1 else R.STATUS_BLOCK_V2
+    src = data.view(layout.dtype)[0]
+    for name in set(src.dtype.names) - {"predictions", "checkpoint_sha256"}:
+        out[name] = src[name]
+    if version == R.STATUS_VERSION_1:
+        out["predictions"] = src["predictions"]
+        out["checkpoint_sha256"] = src["checkpoint_sha256"]
+        return out
+    packed = src["predictions"].astype(np.uint64)
+    out["predictions"][:, 0] = packed & (R.PREDICTION_VALID_BIT - 1)
+    out["predictions"][:, 1] = packed >> VALID_SHIFT
+    out["checkpoint_sha256"][:R.DIGEST_PREFIX_BYTES] = src["checkpoint_sha256"]
+    out["update_count"] = int(src["c0"]) + int(src["steps_completed"])
+    return out
 
 
 def _before_status(profile, steps: int) -> int:
@@ -59,7 +100,7 @@ class ResultFile:
     final: np.ndarray = field(repr=False)               # (V,) f32
     semaphores: np.ndarray = field(repr=False)          # (3,) SEMAPHORE_SLOT
     error_notifier: np.void = field(repr=False)         # ERROR_NOTIFIER
-    status: np.void = field(repr=False)                 # STATUS_BLOCK
+    status: np.void = field(repr=False)                 # STATUS_FIELDS (either version, a copy)
     timestamps: np.ndarray = field(repr=False)          # (issues,) TIMESTAMP_ENTRY
     offsets: dict = field(repr=False, default_factory=dict)
 
@@ -78,6 +119,23 @@ class ResultFile:
     @property
     def steps_completed(self) -> int:
         return self.steps
+
+    @property
+    def status_version(self) -> int:
+        return int(self.status["version"])
+
+    def gpu_identity(self) -> dict:
+        """Which GPU and host wrote the file (status block version 2; empty strings in a
+        version-1 file, and for the GPU where no GPU ran): host name, GPU UUID, PCI bus id."""
+        return run_identity(self.status)
+
+    def checkpoint_digest(self) -> str:
+        """The last published checkpoint's SHA-256 in hex as the file holds it: all 32 bytes
+        (version 1), the first 8 (version 2)."""
+        digest = np.asarray(self.status["checkpoint_sha256"])
+        if self.status_version != R.STATUS_VERSION_1:
+            digest = digest[:R.DIGEST_PREFIX_BYTES]
+        return digest.tobytes().hex()
 
     def step_losses(self) -> np.ndarray:
         """(steps,) f64: the mean cross-entropy of each step (the quantity the update minimizes)."""
@@ -194,9 +252,10 @@ def read(path) -> ResultFile:
         names = ", ".join(f"{p.name} with {s} steps" for p, s, _, _ in found)
         raise ResultFileError(f"{path}: ambiguous: the file parses as {names}", _CORRUPT)
     prof, steps, issues, st = found[0]
-    if int(st["version"]) != R.STATUS_VERSION:
+    if int(st["version"]) not in R.STATUS_VERSIONS:
+        known = " and ".join(str(v) for v in R.STATUS_VERSIONS)
         raise ResultFileError(f"{path}: status block version {int(st['version'])}, this reader "
-                              f"knows version {R.STATUS_VERSION}", "use a matching coppelius")
+                              f"knows versions {known}", "use a matching coppelius")
     if int(st["outcome"]) not in R.OUTCOMES:
         raise ResultFileError(f"{path}: status block outcome {int(st['outcome'])} is not one of "
                               f"{sorted(R.OUTCOMES)}", _CORRUPT)
@@ -280,9 +339,34 @@ def _views(path, raw, prof, steps, issues) -> ResultFile:
     off = RS.section_offsets(prof, steps, issues)
     typed = {ATTRIBUTES.get(s.name, s.name): s.view(raw, off[s.name][0], prof, steps, issues)
              for s in RS.SECTIONS}
+    at = off["status"][0]
+    typed["status"] = status_fields(raw[at:at + STATUS.unit_bytes(prof)])
     return ResultFile(path=path, profile=prof, size=raw.size,
                       expected_size=RS.result_file_bytes(prof, steps, issues), steps=steps,
                       issues=issues, raw=raw, offsets=off, **typed)
+
+
+def pci_bus_id(status) -> str:
+    """The PCI bus id the way cuDeviceGetPCIBusId spells it ("0000:65:00.0"); "" when none."""
+    if not int(status["identity_flags"]) & R.IDENTITY_GPU:
+        return ""
+    return pci_bus_id_text(*(int(status[f"pci_{k}"]) for k in ("domain", "bus", "device",
+                                                                "function")))
+
+
+def gpu_uuid(status) -> str:
+    """The GPU's UUID as nvidia-smi prints it ("GPU-xxxxxxxx-xxxx-…"); "" when none."""
+    if not int(status["identity_flags"]) & R.IDENTITY_GPU:
+        return ""
+    return uuid_text(np.asarray(status["gpu_uuid"]).tobytes())
+
+
+def run_identity(status) -> dict:
+    """host_name (with "…" when the file keeps only its first bytes), gpu_uuid, pci_bus_id."""
+    host = plain(status["host_name"])
+    if int(status["identity_flags"]) & R.IDENTITY_HOST_TRUNCATED:
+        host += "…"
+    return {"host_name": host, "gpu_uuid": gpu_uuid(status), "pci_bus_id": pci_bus_id(status)}
 
 
 def plain(value):

@@ -86,6 +86,16 @@ def replay(backend, submission: int, perturb=None) -> list[dict]:
     return out
 
 
+SOAK_MADE = ("the same update step replayed again from the one saved state before it, launch by "
+             "launch, each repetition's write digests compared with the first's; `differing` holds "
+             "every repetition that did not match, whole (coppelius soak names the first launch "
+             "and region that differ)")
+
+
+def _writes(records: list) -> list:
+    return [[w["sha256"] for w in x["writes"]] for x in records]
+
+
 def _key(r) -> tuple:
     return (r.space, r.offset, r.run, r.repeat, r.stride, r.dtype)
 
@@ -99,6 +109,8 @@ class StepDigests:
     path: Path
     c0: int
     perturb: object = None          # tests and tools only (the command line never sets it)
+    repetitions: int = 1            # --soak K: the step replayed K times from one saved state
+    perturb_repetition: int = 0     # the repetition `perturb` runs in (tests: a transient fault)
     _before: dict | None = field(default=None, repr=False)
 
     def before(self, s: int) -> None:
@@ -112,17 +124,36 @@ class StepDigests:
         issued_digests = buffer_digests(b)
         issued = save_state(b)
         try:
-            restore_state(b, self._before)
-            b.staging.doorbell[0] = sequence        # as the ring rang it after `before`
-            records = replay(b, L.SUBMISSION_UPDATE, self.perturb)
+            records = self._replay(0, sequence)
             differs = [n for n, d in buffer_digests(b).items() if d != issued_digests[n]]
             differs += _staging_differs(b, issued)
+            soak = [] if self.repetitions <= 1 else \
+                [self._repeat(k, sequence, records) for k in range(1, self.repetitions)]
         finally:
             restore_state(b, issued)
             b.free_saved(issued["buffers"])
             b.free_saved(self._before["buffers"])
             self._before = None
-        DG.write(self.path, self.header(context, sequence, records, differs))
+        doc = self.header(context, sequence, records, differs)
+        if self.repetitions > 1:
+            doc["soak"] = {"repetitions": self.repetitions, "made": SOAK_MADE,
+                           "differing": [r for r in soak if r is not None]}
+        DG.write(self.path, doc)
+
+    def _replay(self, k: int, sequence: int) -> list:
+        """Repetition k of the step's launches, from the state saved before it."""
+        restore_state(self.backend, self._before)
+        self.backend.staging.doorbell[0] = sequence     # as the ring rang it after `before`
+        perturb = self.perturb if k == self.perturb_repetition else None
+        return replay(self.backend, L.SUBMISSION_UPDATE, perturb)
+
+    def _repeat(self, k: int, sequence: int, first: list) -> dict | None:
+        """Repetition k compared with the first by its writes' sha256: None when equal, else
+        the repetition with its launches (for the bisect: coppelius.forensics.bisect.soak)."""
+        records = self._replay(k, sequence)
+        if _writes(records) == _writes(first):
+            return None
+        return {"repetition": k, "launches": records}
 
     def header(self, context: int, sequence: int, records: list, differs: list) -> dict:
         b = self.backend

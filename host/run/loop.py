@@ -8,6 +8,7 @@ interruption.  What the tail's host records hold is host/run/records.py's.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import sys
@@ -22,26 +23,26 @@ from coppelius.staging import layout as L
 from coppelius.staging import paths
 from coppelius.staging import records as R
 from coppelius.staging import synthetic
-from coppelius.staging.tokens import TokenCache
+from coppelius.staging.tokens import TokenCache, TokenCacheChanged
 
 from coppelius import checkpoints as ckpt
 from coppelius.run import digest_replay
+from coppelius.run.preflight import (RunRefused, check_inputs, checkpoint_path, create_defaults,
+                                     refuse_locked)
+from coppelius.driver import calls as drv
 from coppelius.errors import DeviceError
 from coppelius.backends.cuda.backend import CudaBackend
 from coppelius.staging.errors import UserError
 from coppelius.levels import RunLevels
 from coppelius.run.publisher import Publisher
-from coppelius.results.writer import ResultWriter
+from coppelius.results.writer import ResultWriteError, ResultWriter
 from coppelius.run.ring import DEFAULT_FENCE_TIMEOUT_S, Ring
 from coppelius.run.records import (EXIT_INTERRUPTED, Failure, MarkerSurvived, Notifier, Summary,
-                                   failure_of, stat_record, status_block, tail_sections)
+                                   failure_of, saved_report, stat_record, status_block,
+                                   tail_sections)
 
 SWITCH_INTERVAL_S = 2e-4    # GIL hand-over bound while a publisher thread runs beside the loop
 PUBLISHER_JOIN_S = 60.0     # after an unexpected error: a 692 MB publication takes ~2 s on CI
-
-class RunRefused(UserError):
-    """A request the run refuses before any device work (paths, steps, backend)."""
-
 
 class RunInterrupted(UserError):
     """SIGINT/SIGTERM before the first step completed: nothing learned, so nothing is written
@@ -56,6 +57,7 @@ class Request:
     checkpoint: Path | None = None      # None: <directory>/<profile>.ckpt (created empty if missing)
     result: Path | None = None          # None: <directory>/<profile>-result-c<c0>.bin
     backend: str = "cuda"
+    device: int = 0                     # --device: the GPU's ordinal among the visible ones
     source: Path | None = None          # the token cache's source file, if its header must match
     overwrite: bool = False
     fence_timeout_s: float = DEFAULT_FENCE_TIMEOUT_S
@@ -64,6 +66,8 @@ class Request:
     digests: Path | None = None         # per-launch digests of one update (host/run/digest_replay.py)
     digest_step: int = 0                # ... of this step (0-based, within this run)
     digest_perturb: object = None       # tests and tools only: digest_replay.replay's hook
+    soak: int = 1                       # --soak K: the digested step replayed K times
+    digest_perturb_repetition: int = 0  # tests only: the soak repetition digest_perturb runs in
 
 
 class Progress:
@@ -118,79 +122,75 @@ class _Signals:
         return False
 
 
-def make_backend(name: str, profile):
+def make_backend(name: str, profile, device: int = 0):
     if name == "cuda":
-        return CudaBackend(profile)
+        return CudaBackend(profile, ordinal=device)
+    if device != 0:
+        raise RunRefused(f"--device {device} names a GPU; the {name} backend runs on the CPU",
+                         "leave --device out, or use --backend cuda")
     if name == "interpret":
         try:        # here, not at the top: it imports Triton and torch and sets TRITON_INTERPRET
             from coppelius.backends.interpret import InterpretBackend
         except ImportError as e:
             raise RunRefused(f"the interpret backend needs Triton and torch ({e})",
-                             "`make demo`, or pip install -e '.[demo]'") from None
+                             drv.install_hint("demo")) from None
         return InterpretBackend(profile)
     raise RunRefused(f"unknown backend {name!r}", "use --backend cuda or --backend interpret")
 
 
-def _resolve_paths(req: Request):
-    """Default stream, checkpoint and result paths for `coppelius run` with no arguments."""
-    tokens = req.tokens
-    if tokens is None:
-        tokens = synthetic.ensure_default_stream(req.profile, req.directory)
-    ckpt_path = req.checkpoint
-    if ckpt_path is None or req.result is None:
-        with paths.refusing("directory", req.directory, "create", RunRefused):
-            req.directory.mkdir(parents=True, exist_ok=True)
-    if ckpt_path is None:
-        ckpt_path = req.directory / f"{req.profile.name}.ckpt"
-        if not os.path.lexists(ckpt_path):
-            with paths.refusing("checkpoint", ckpt_path, "create", RunRefused):
-                ckpt_path.touch()        # the embedded default starts fresh; a named path never does
-    return Path(tokens), Path(ckpt_path)
-
-
 def run(req: Request, progress: Progress | None = None) -> Summary:
-    """One invocation.  Every refusal (paths, checkpoint envelope and payload, token cache,
-    backend) comes before anything is written: a result file this run created is removed when
-    the run is refused or interrupted before its first step."""
+    """One invocation.  Every refusal (arguments, paths, lock, checkpoint envelope and payload,
+    token cache, backend) comes before anything is created: the directory, the default
+    checkpoint, the lock file and the embedded stream are made only once the backend is open,
+    and a result file this run created is removed when the run is refused or interrupted before
+    its first step."""
     progress = progress or Progress()
     profile = req.profile
     steps = profile.steps if req.steps is None else req.steps
     if not 0 < steps <= profile.steps:
         raise RunRefused(f"--steps {steps} is outside 1..{profile.steps}",
                          f"the {profile.name} profile runs 1 to {profile.steps} steps")
+    if req.soak != 1 and (req.digests is None or req.soak < 1):
+        raise RunRefused(f"--soak {req.soak} needs --digests FILE and K ≥ 1",
+                         "e.g. --digests soak.json --soak 8")
     if req.digests is not None:
         digest_replay.check_request(req.digest_step, steps)
         paths.check_output(Path(req.digests), "digests file", overwrite=req.overwrite,
                            cls=RunRefused,
                            exists_hint="pass --overwrite, or name another --digests FILE")
     with _Signals(progress) as signals:
-        tokens_path, ckpt_path = _resolve_paths(req)
-        ckpt.open_input(ckpt_path, profile).close()   # refuse a bad path before locking
-        # one file under every spelling (a symbolic link, dir/../): lock, read and publish the
-        # resolved path, so that two runs on one checkpoint always contend for one lock
-        resolved = Path(os.path.realpath(ckpt_path))
-        with ckpt.lock(resolved, name=ckpt_path), \
-                ckpt.open_input(resolved, profile, name=ckpt_path) as inp:
-            c0 = inp.update_count
-            cache = TokenCache.open(tokens_path, profile)
-            cache.validate_run(c0, steps, source=None if req.source is None else str(req.source))
-            result_path = Path(req.result or (req.directory / f"{profile.name}-result-c{c0}.bin"))
-            paths.check_output(result_path, "result file", overwrite=req.overwrite,
-                               cls=RunRefused,
-                               exists_hint="pass --overwrite, or name another --result")
-            opened = Opened(steps=steps, inp=inp, cache=cache, checkpoint=ckpt_path,
-                            result=result_path, publish_to=resolved)
+        ckpt_path, create = checkpoint_path(req)
+        c0 = 0
+        if not create:
+            with ckpt.open_input(ckpt_path, profile) as probe:   # refuse a bad path before locking
+                c0 = probe.update_count
+            refuse_locked(ckpt_path)
+        cache, _ = check_inputs(req, steps, c0)
+        if cache is not None:
+            cache.close()
+        signals.check(ckpt_path)
+        backend = make_backend(req.backend, profile, req.device)
+        with backend:
             signals.check(ckpt_path)
-            backend = make_backend(req.backend, profile)
-            with backend:
+            create_defaults(req, ckpt_path, create)
+            # one file under every spelling (a symbolic link, dir/../): lock, read and publish the
+            # resolved path, so that two runs on one checkpoint always contend for one lock
+            resolved = Path(os.path.realpath(ckpt_path))
+            with ckpt.lock(resolved, name=ckpt_path), \
+                    ckpt.open_input(resolved, profile, name=ckpt_path) as inp:
+                cache, result_path = check_inputs(req, steps, inp.update_count, generate=True)
+                opened = Opened(steps=steps, inp=inp, cache=cache, checkpoint=ckpt_path,
+                                result=result_path, publish_to=resolved)
                 signals.check(ckpt_path)
                 # __exit__ on a refusal removes the file if this run created it and wrote nothing
-                with ResultWriter.create(result_path, profile, overwrite=req.overwrite) as writer:
+                # steps: room for the tail is reserved, so that a full disk still leaves one
+                with ResultWriter.create(result_path, profile, overwrite=req.overwrite,
+                                         steps=steps) as writer:
                     return _Invocation(req, opened, backend, writer, progress, signals).run()
 
 
 # what ends a run with its tail written; anything else (a host bug) propagates without one
-_FAILURES = (MarkerSurvived, DeviceError, OSError, ckpt.CheckpointWriteFailed)
+_FAILURES = (MarkerSurvived, DeviceError, OSError, ckpt.CheckpointWriteFailed, TokenCacheChanged)
 
 
 @dataclass
@@ -242,7 +242,8 @@ class _Invocation:
         self.forward_offset = L.record_forward_offset(self.profile)
         self.final_offset = L.record_final_offset(self.profile)
         self.digests = None if req.digests is None else digest_replay.StepDigests(
-            backend, req.digest_step, Path(req.digests), self.c0, req.digest_perturb)
+            backend, req.digest_step, Path(req.digests), self.c0, req.digest_perturb,
+            req.soak, req.digest_perturb_repetition)
 
     def run(self) -> Summary:
         try:
@@ -281,11 +282,8 @@ class _Invocation:
             self.notifier.fill(info32=0, submission=L.SUBMISSION_UPDATE,
                                step=summary.steps_completed, reason=summary.error,
                                status=R.NOTIFIER_STATUS_NONE)
-        if not self.writer.forward_written:  # no step window reached the file: write it now
-            self.writer.write_forward(self.views.record_forward if self.forward_part is None
-                                      else self.forward_part)
         summary.wall_s = time.monotonic() - t_start
-        self.write_tail()
+        self.finish_file()
         self.progress.stop()
         return summary
 
@@ -360,6 +358,30 @@ class _Invocation:
         self.notifier.fill(info32=failure.info32, submission=failure.submission,
                            step=failure.step, reason=failure.reason,
                            status=R.NOTIFIER_STATUS_ERROR)
+
+    def finish_file(self) -> None:
+        """The forward part if no step window carried it, the tail, fsync: a failure here is a
+        host error too (CONTRACT §2), and a host error's summary ends with what was saved."""
+        writer = self.writer
+        try:
+            if not writer.forward_written:  # no step window reached the file: write it now
+                writer.write_forward(self.views.record_forward if self.forward_part is None
+                                     else self.forward_part)
+            self.write_tail()
+            writer.close()
+        except ResultWriteError as e:
+            self.record_failure(failure_of(e, self.ring, None))
+        if self.summary.outcome != R.OUTCOME_HOST_ERROR:
+            return
+        if writer.tail_written:
+            kept = (f"{writer.steps_written} step windows and the tail "
+                    "(`coppelius inspect` reads it)")
+        elif writer.failed is not None and writer.failed.errno == errno.ENOENT:
+            kept = "removed or replaced during the run: nothing of this run is there"
+        else:
+            kept = (f"{writer.steps_written} step windows, no tail (no room for it: "
+                    "`coppelius inspect` refuses it)")
+        self.summary.error += "\n" + saved_report(self.summary, self.publisher.published, kept)
 
     def write_tail(self) -> None:
         stat = stat_record(self.opened.inp, self.ring, self.views, self.payload_sha256)

@@ -26,6 +26,7 @@ class Publisher:
         self.error: BaseException | None = None
         self.sha256 = bytes(32)              # of the last published file (the status block's)
         self.update_count: int | None = None  # of the last publication started
+        self.published: int | None = None     # update count of the last one completed
 
     def start(self, update_count: int) -> None:
         self.wait()
@@ -46,6 +47,7 @@ class Publisher:
             self.error = e
             return
         self.sha256 = pub.sha256
+        self.published = update_count
         self.summary.publications += 1
         self.progress.published(update_count, time.monotonic() - t)
 

@@ -3,6 +3,7 @@ in it, the stat record, the status block, the result file's tail.  The run loop 
 decides when; this module packs the bytes."""
 from __future__ import annotations
 
+import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,9 +13,11 @@ import numpy as np
 from coppelius.staging import layout as L
 from coppelius.staging import paths
 from coppelius.staging import records as R
+from coppelius.staging.tokens import TokenCacheChanged
 
 from coppelius.errors import DeviceError
 from coppelius.checkpoints.publication import CheckpointWriteFailed
+from coppelius.results.writer import ResultWriteError
 from coppelius.staging.errors import UserError
 from coppelius.run.ring import Ring
 
@@ -104,6 +107,10 @@ def host_cause(e: BaseException) -> str:
     2' (a publication), 'EIO: Input/output error' (another OSError)."""
     if isinstance(e, CheckpointWriteFailed) and e.stage:
         return f"{paths.errno_name(e)} {e.stage}" if e.errno else e.stage
+    if isinstance(e, ResultWriteError):
+        return f"{paths.errno_name(e)} result file {e.stage}".rstrip()
+    if isinstance(e, TokenCacheChanged):
+        return e.reason
     if isinstance(e, OSError) and e.errno:
         return f"{paths.errno_name(e)}: {e.strerror}"
     return getattr(e, "message", None) or str(e)
@@ -118,7 +125,9 @@ def failure_of(e: BaseException, ring: Ring, step: int | None, during: str = "")
         return Failure(R.OUTCOME_DEVICE_ERROR, e.code or NO_DRIVER_CODE,
                         current_submission(ring), step, during + str(e), during + str(e))
     message = str(e)
-    if isinstance(e, OSError) and not isinstance(e, UserError):
+    if isinstance(e, (ResultWriteError, TokenCacheChanged)):
+        message = f"host error: {e}"
+    elif isinstance(e, OSError) and not isinstance(e, UserError):
         message = f"host I/O: {paths.errno_text(e)}" + (f": {e.filename}" if e.filename else "")
     return Failure(R.OUTCOME_HOST_ERROR, R.INFO_HOST_IO, current_submission(ring), None,
                     host_cause(e), message)
@@ -136,16 +145,32 @@ def stat_record(inp, ring: Ring, views, payload_sha256: bytes) -> bytes:
 
 
 def status_block(summary: Summary, ring: Ring, backend, views, checkpoint_sha256: bytes) -> bytes:
+    """The status block, version 2 (FORMATS §4): the run's summary, the GPU and the host."""
     dev = backend.device()
-    return R.STATUS_BLOCK.pack(
+    preds = views.predictions.astype(np.uint32)                     # (3, {token, valid})
+    packed = preds[:, 0] | np.where(preds[:, 1] != 0, R.PREDICTION_VALID_BIT, 0).astype(np.uint32)
+    gpu = backend.gpu_identity()
+    host = host_name()
+    flags = (R.IDENTITY_GPU if gpu is not None else 0) | \
+        (R.IDENTITY_HOST_TRUNCATED if len(host) > R.HOST_NAME_BYTES else 0)
+    domain, bus, device, function = gpu.pci_fields if gpu is not None else (0, 0, 0, 0)
+    return R.STATUS_BLOCK_V2.pack(
         magic=R.STATUS_MAGIC, version=R.STATUS_VERSION, outcome=summary.outcome, c0=summary.c0,
         steps_planned=summary.steps_planned, steps_completed=summary.steps_completed,
-        update_count=summary.update_count, gp_get=ring.gp_get, gp_put=ring.gp_put,
+        pci_domain=domain, pci_bus=bus, pci_device=device, pci_function=function,
+        identity_flags=flags, gp_get=ring.gp_get, gp_put=ring.gp_put,
         publications=summary.publications, backend=backend.code,
-        wall_ns=int(summary.wall_s * 1e9), predictions=views.predictions.copy(),
+        wall_ns=int(summary.wall_s * 1e9), predictions=packed,
         compute_capability=dev.compute_capability, driver_version=dev.driver_version,
-        checkpoint_sha256=np.frombuffer(checkpoint_sha256, np.uint8),
-        device_name=dev.name.encode("ascii", "replace")[:24])
+        gpu_uuid=np.frombuffer(gpu.uuid if gpu is not None else bytes(16), np.uint8),
+        checkpoint_sha256=np.frombuffer(checkpoint_sha256[:R.DIGEST_PREFIX_BYTES], np.uint8),
+        host_name=host[:R.HOST_NAME_BYTES],
+        device_name=dev.name.encode("ascii", "replace")[:R.DEVICE_NAME_BYTES])
+
+
+def host_name() -> bytes:
+    """This machine's name as ASCII (the status block keeps its first HOST_NAME_BYTES)."""
+    return socket.gethostname().encode("ascii", "replace")
 
 
 def tail_sections(views, stat: bytes, status: bytes, timestamps: np.ndarray) -> dict:
@@ -154,3 +179,23 @@ def tail_sections(views, stat: bytes, status: bytes, timestamps: np.ndarray) -> 
     return dict(stat=stat, loss_block=views.loss_block, final_part=views.record_final,
                 semaphores=views.semaphores, error_notifier=views.error_notifier,
                 status=status, timestamps=timestamps)
+
+
+def saved_report(summary: Summary, published: int | None, result_saved: str) -> str:
+    """What a host error left and what it lost, for the command's last lines: the checkpoint's
+    update count (the last completed publication, or the input untouched) and the result file's
+    state (`result_saved`, the run loop's words), then the updates no checkpoint holds."""
+    kept = summary.c0 if published is None else published
+    how = ("untouched: no publication completed" if published is None
+           else "its last completed publication")
+    lines = [f"saved: checkpoint {summary.checkpoint} at update count {kept} ({how}); "
+             f"result file {summary.result}: {result_saved}"]
+    lost = []
+    if summary.update_count > kept:
+        lost.append(f"updates {kept + 1}..{summary.update_count} (trained, not published: "
+                    "a rerun from the checkpoint trains them again)")
+    if summary.steps_completed < summary.steps_planned:
+        lost.append(f"steps {summary.steps_completed}..{summary.steps_planned - 1} of this run "
+                    "(not completed)")
+    lines.append("not saved: " + ("; ".join(lost) if lost else "nothing"))
+    return "\n".join(lines)

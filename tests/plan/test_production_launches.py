@@ -5,7 +5,6 @@ poisoned, no stray writes (tests/support/production/__init__.py says how, and ho
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest

@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 from tests.support.init_stream import MASK64, check_elements, draw_value, philox4x64_10, stream_positions

@@ -82,7 +82,6 @@ def test_attention_scale():
 def test_reference_imports_neither_torch_nor_triton():
     import subprocess
     import sys
-    from pathlib import Path
     code = "import sys, coppelius.plan.reference; print(sorted({'torch', 'triton'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=ROOT)

@@ -8,7 +8,6 @@ import ast
 import io
 import re
 import tokenize
-from pathlib import Path
 
 import pytest
 from tests.support.paths import ROOT

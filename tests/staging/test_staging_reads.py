@@ -10,7 +10,6 @@ import importlib
 import inspect
 import re
 import textwrap
-from pathlib import Path
 
 import pytest
 

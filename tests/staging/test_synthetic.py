@@ -289,9 +289,9 @@ def test_ensure_default_stream_creates_verifies_and_refuses(tmp_path, tiny_strea
     cache = TokenCache.open(path, p)
     assert cache.context_count == S.CONTEXTS
     cache.validate_run(S.CONTEXTS - p.steps, p.steps)
-    np.testing.assert_array_equal(cache.tokens, x)
+    np.testing.assert_array_equal(cache.ids(), x)
     # the per-context floor reads the markers straight from the memory map
-    np.testing.assert_array_equal(S.context_floor(p, range(100), cache.tokens),
+    np.testing.assert_array_equal(S.context_floor(p, range(100), cache.ids()),
                                   S.context_floor(p, range(100), x))
     # alter the very last byte: refused, naming the file
     with open(path, "r+b") as f:

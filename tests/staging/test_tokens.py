@@ -1,4 +1,4 @@
-"""Token caches — memory-mapped open, every CONTRACT §5 refusal, staging of input records."""
+"""Token caches — open without a map, every CONTRACT §5 refusal, staging of input records."""
 from __future__ import annotations
 
 import os
@@ -147,7 +147,7 @@ def test_directory_fingerprint_newest_mtime_total_size(tmp_path):
     assert tk.source_fingerprint([tmp_path / "d"]) == (7_000_000_000, 17)
 
 
-def test_large_cache_opens_by_map_without_reading(tmp_path):
+def test_large_cache_opens_without_reading(tmp_path):
     path = tmp_path / "big.tokens"
     n = 100_000_000                    # 400 MB, sparse: opening must not read it
     with open(path, "wb") as f:
@@ -156,6 +156,6 @@ def test_large_cache_opens_by_map_without_reading(tmp_path):
     cache = tk.TokenCache.open(path, profiles.get("coppelius"))
     elapsed = time.perf_counter() - t
     print(f"opened a 400 MB cache in {elapsed * 1e3:.2f} ms")
-    assert isinstance(cache.tokens, np.memmap)
+    assert not hasattr(cache, "tokens")          # nothing mapped: a truncation cannot SIGBUS
     assert cache.context_count == (n - 1) // 1024
     assert cache.context(cache.context_count - 1)[1][-1] == 0

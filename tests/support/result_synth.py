@@ -122,7 +122,7 @@ def synthesize(profile, outcome: int = R.OUTCOME_COMPLETED, steps: int | None = 
     preds[:, 1] = 1
     digest = rng.integers(0, 256, 32, dtype=np.uint8)
     status = R.STATUS_BLOCK.pack(
-        magic=R.STATUS_MAGIC, version=R.STATUS_VERSION, outcome=outcome, c0=c0,
+        magic=R.STATUS_MAGIC, version=R.STATUS_VERSION_1, outcome=outcome, c0=c0,
         steps_planned=planned, steps_completed=steps, update_count=c0 + steps,
         gp_get=gp_get, gp_put=issues, publications=publications, backend=R.BACKEND_CUDA, wall_ns=wall,
         predictions=preds, compute_capability=90, driver_version=12080, checkpoint_sha256=digest,

@@ -4,7 +4,6 @@ the SwiGLU-backward matmul, rmsnorm_rows and cast_bf16 against counts derived by
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 

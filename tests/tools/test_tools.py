@@ -7,7 +7,6 @@ by tests/tools/test_gpu_check.py.
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from tests.support.paths import ROOT

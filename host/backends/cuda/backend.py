@@ -108,7 +108,7 @@ class CudaBackend(Backend):
     lane_priorities = _capture_attribute("lane_priorities")
 
     def __init__(self, profile, device: Device | None = None, pdl: bool = True,
-                 one_lane: bool = False, noop_side_lane: bool = False):
+                 one_lane: bool = False, noop_side_lane: bool = False, ordinal: int = 0):
         """Capture options (read at each `instantiate`; a run uses the defaults): `pdl`: the
         launches the plan allows get programmatic edges to their lane's previous launch
         (plan/launches/graph.py `programmatic`) where the loaded kernel was built to wait for it
@@ -116,14 +116,15 @@ class CudaBackend(Backend):
         list order (a valid order: every edge points back), the side lane's overlap given up.
         `noop_side_lane`: each side-lane launch replaced by one launch of the no-op kernel
         (capture.NOOP_PTX), its edges kept: the graph without the side lane's work.  The last two
-        are the device check's experiments (tools/gpu_check/launches.py) and change the results."""
+        are the device check's experiments (tools/gpu_check/launches.py) and change the results.
+        `ordinal`: which visible device to open when `device` is not given (`--device`)."""
         super().__init__(profile)
         self.closers = cuda_teardown.Closers()
         self.capture: Capture | None = None         # made once the kernels are loaded
         self.digests: LaunchDigests | None = None
         self._snapshot: DeviceBuffer | None = None
         self._copy_stream: Stream | None = None
-        self.dev = device or Device()
+        self.dev = device or Device(ordinal)
         self.closers.append(self.dev)
         self._abandoned: str | None = None
         self.left_to_exit: list = []    # what close() did not free (the GPU may still touch it)
@@ -153,6 +154,9 @@ class CudaBackend(Backend):
     def device(self) -> DeviceInfo:
         return DeviceInfo(self.dev.name, self.dev.compute_capability, self.dev.driver_version,
                           self.target)
+
+    def gpu_identity(self):
+        return self.dev.identity
 
     def _alloc(self, spec, fill: int) -> DeviceBuffer:
         b = self.closers.append(DeviceBuffer(spec.nbytes))

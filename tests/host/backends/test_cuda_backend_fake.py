@@ -271,7 +271,7 @@ def test_doctor_opens_the_cuda_backend_and_smoke_launches(fake, capsys):
 
     from coppelius.cli import doctor as cmd_doctor
     fake()
-    rc = cmd_doctor.run(argparse.Namespace(profile="tiny", json=True))
+    rc = cmd_doctor.run(argparse.Namespace(profile="tiny", json=True, device=0))
     report = json.loads(capsys.readouterr().out)
     assert rc == 0, report
     names = [c["name"] for c in report["checks"]]
@@ -290,7 +290,7 @@ def test_doctor_reports_a_refusal_of_programmatic_edges(fake, capsys):
 
     from coppelius.cli import doctor as cmd_doctor
     fake(refuse_programmatic=CUresult.CUDA_ERROR_INVALID_VALUE)
-    rc = cmd_doctor.run(argparse.Namespace(profile="tiny", json=True))
+    rc = cmd_doctor.run(argparse.Namespace(profile="tiny", json=True, device=0))
     report = json.loads(capsys.readouterr().out)
     graphs = next(c for c in report["checks"] if c["name"] == "graphs")
     assert rc != 0 and not graphs["ok"]
@@ -387,7 +387,7 @@ def test_doctor_reports_each_modules_functions_as_the_driver_does(fake, capsys):
 
     from coppelius.cli import doctor as cmd_doctor
     fake(functions={"cast_bf16": {"regs": 77, "local": 16, "spill": 8}})
-    assert cmd_doctor.run(argparse.Namespace(profile="tiny", json=True)) == 0
+    assert cmd_doctor.run(argparse.Namespace(profile="tiny", json=True, device=0)) == 0
     report = json.loads(capsys.readouterr().out)
     files = {m["file"] for m in report["modules"]}
     assert files == {e.file.name for e in ptx.Manifest.load("tiny", "sm_90a").entries.values()}

@@ -1,7 +1,6 @@
 """The command line frame: --help, --version, the user-error convention (one line, exit 2)."""
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 

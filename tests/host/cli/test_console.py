@@ -57,7 +57,7 @@ def _no_gpu(monkeypatch):
 
 def _doctor(capsys, profile="tiny") -> str:
     from coppelius.cli import doctor as cmd_doctor
-    assert cmd_doctor.run(argparse.Namespace(profile=profile, json=False)) == 1
+    assert cmd_doctor.run(argparse.Namespace(profile=profile, json=False, device=0)) == 1
     return capsys.readouterr().out
 
 

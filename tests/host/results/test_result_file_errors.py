@@ -90,8 +90,8 @@ def _patched_status(data: bytes, prof, steps, issues, **fields) -> bytes:
 
 def test_bad_status_fields_are_named(tmp_path, tiny_file):
     prof = P.get("tiny")
-    assert "status block version 2" in _refusal(
-        tmp_path, _patched_status(tiny_file, prof, 8, 10, version=2))
+    assert "status block version 3" in _refusal(
+        tmp_path, _patched_status(tiny_file, prof, 8, 10, version=3))
     assert "status block outcome 9" in _refusal(
         tmp_path, _patched_status(tiny_file, prof, 8, 10, outcome=9))
     # steps_completed that disagrees with the file's windows: the block is not where it says

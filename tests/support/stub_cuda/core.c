@@ -206,6 +206,8 @@ static void configure(void)
     snprintf(G.name, sizeof G.name, G.cc_major == 9 && G.cc_minor == 0
              ? "NVIDIA H200 (Coppelius stub driver)" : "Coppelius stub driver sm_%d%d",
              G.cc_major, G.cc_minor);
+    G.active = -1;
+    configure_devices();
 }
 
 CUresult cuInit(unsigned flags)
@@ -242,11 +244,11 @@ static CUresult need_init(const char *call)
         : refuse(CUDA_ERROR_NOT_INITIALIZED, call, "called before cuInit");
 }
 
-static CUresult need_device(CUdevice dev, const char *call)
+CUresult need_device(CUdevice dev, const char *call)
 {
     CUresult r = need_init(call);
-    if (r == CUDA_SUCCESS && dev != 0)
-        r = refuse(CUDA_ERROR_INVALID_DEVICE, call, "device %d (the stub has device 0 only)", dev);
+    if (r == CUDA_SUCCESS && physical_of(dev) < 0)
+        r = refuse(CUDA_ERROR_INVALID_DEVICE, call, "device %d (%d visible)", dev, G.visible);
     return r;
 }
 
@@ -268,18 +270,18 @@ CUresult cuDeviceGetCount(int *count)
     if (r == CUDA_SUCCESS && !count)
         r = refuse(CUDA_ERROR_INVALID_VALUE, "cuDeviceGetCount", "null pointer");
     if (r == CUDA_SUCCESS)
-        *count = 1;
+        *count = G.visible;
     return r;
 }
 
 CUresult cuDeviceGet(CUdevice *dev, int ordinal)
 {
     CUresult r = need_init("cuDeviceGet");
-    if (r == CUDA_SUCCESS && (!dev || ordinal != 0))
-        r = refuse(ordinal != 0 ? CUDA_ERROR_INVALID_DEVICE : CUDA_ERROR_INVALID_VALUE,
-                   "cuDeviceGet", "ordinal %d (the stub has device 0 only)", ordinal);
+    if (r == CUDA_SUCCESS && (!dev || physical_of(ordinal) < 0))
+        r = refuse(dev ? CUDA_ERROR_INVALID_DEVICE : CUDA_ERROR_INVALID_VALUE,
+                   "cuDeviceGet", "ordinal %d (%d visible)", ordinal, G.visible);
     if (r == CUDA_SUCCESS)
-        *dev = 0;
+        *dev = ordinal;
     return r;
 }
 
@@ -353,6 +355,12 @@ CUresult cuDevicePrimaryCtxRetain(CUhandle *ctx, CUdevice dev)
     if (r != CUDA_SUCCESS)
         return r;
     lock();
+    if (G.ctx_refs > 0 && G.active != physical_of(dev)) {
+        unlock();
+        return refuse(CUDA_ERROR_NOT_SUPPORTED, "cuDevicePrimaryCtxRetain", "device %d while "
+                      "another device's context is held (the stub holds one at a time)", dev);
+    }
+    G.active = physical_of(dev);
     if (G.ctx_refs++ == 0)
         G.ctx_gen++;           /* a fresh primary context: an old one's handle is stale */
     *ctx = (CUhandle)(uintptr_t)(((uint64_t)(HANDLE_TAG + H_CONTEXT) << 40) | G.ctx_gen);

@@ -168,6 +168,8 @@ static CUresult execute(const struct ptx_entry *e, const unsigned char *blob, co
         if (r != CUDA_SUCCESS)
             return r;
         uint32_t seq = __atomic_load_n(bell, __ATOMIC_RELAXED);
+        if (stage_in)
+            issue_hooks(seq);
         if (stage_in) {
             memcpy(dst, src, INPUT_RECORD_BYTES);
             memcpy(dst + INPUT_RECORD_BYTES, &seq, sizeof seq);
@@ -182,7 +184,7 @@ static CUresult execute(const struct ptx_entry *e, const unsigned char *blob, co
         void *src = span(param_u64(e, blob, 0), n, "the copy's source", call, &r);
         void *dst = span(param_u64(e, blob, 1), n, "the copy's destination", call, &r);
         if (r == CUDA_SUCCESS)
-            memmove(dst, src, n), G.stats.copied_kernels++;
+            memmove(dst, src, n), corrupt_output(dst, n), G.stats.copied_kernels++;
     }
     return r;
 }

@@ -18,6 +18,8 @@
     X("cuInit", 2000, cuInit) X("cuDriverGetVersion", 2020, cuDriverGetVersion) \
     X("cuDeviceGet", 2000, cuDeviceGet) X("cuDeviceGetCount", 2000, cuDeviceGetCount) \
     X("cuDeviceGetName", 2000, cuDeviceGetName) \
+    X("cuDeviceGetUuid", 9020, cuDeviceGetUuid) X("cuDeviceGetUuid", 11040, cuDeviceGetUuid_v2) \
+    X("cuDeviceGetPCIBusId", 4010, cuDeviceGetPCIBusId) \
     X("cuDeviceTotalMem", 3020, cuDeviceTotalMem_v2) \
     X("cuDeviceGetAttribute", 2000, cuDeviceGetAttribute) \
     X("cuDevicePrimaryCtxRetain", 7000, cuDevicePrimaryCtxRetain) \

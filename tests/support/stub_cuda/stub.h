@@ -57,6 +57,7 @@ enum { PROC_SUCCESS = 0, PROC_SYMBOL_NOT_FOUND = 1, PROC_VERSION_NOT_SUFFICIENT 
 #define TRITON_HIDDEN_PARAMS 2          /* Triton's trailing scratch pointers: null allowed */
 #define STUB_PRIORITY_LEAST 0           /* stream priorities: the default, the lowest priority */
 #define STUB_PRIORITY_GREATEST (-5)     /* an assumption, not read off an H200 (stream.c) */
+#define MAX_STUB_DEVICES 16             /* COPPELIUS_STUB_DEVICES at most (devices.c) */
 
 /* device address = host address + alias: a host pointer used as a device pointer (and a device
  * pointer used as a host one) is outside every allocation; host addresses are below 2^47 */
@@ -129,6 +130,9 @@ struct capture {
 struct stub {
     pthread_mutex_t lock;
     int initialized, cc_major, cc_minor, shared_optin, driver_version, ctx_refs;
+    int physical, visible, visible_map[MAX_STUB_DEVICES];   /* devices.c */
+    int active;                 /* the physical GPU whose primary context is held; -1 none */
+    unsigned faulty_mask, die_mask, hang_mask;
     uint32_t ctx_gen;
     char name[64];
     CUresult sticky;            /* a fault: every later call that touches the device returns it */
@@ -141,7 +145,7 @@ struct stub {
     struct capture captures[MAX_CAPTURES];
     struct { unsigned long launches, captured, programmatic, graph_launches, released, staged,
              copied_kernels, copies, copy_bytes, memsets, violations, priority_nodes,
-             node_priority_graphs; } stats;
+             node_priority_graphs, corrupted; } stats;
 };
 extern struct stub G;
 
@@ -182,6 +186,13 @@ int set_union(int **set, int *n, const int *add, int nadd);
 void nodes_push(struct nodes *ns, const struct node *nd);
 void nodes_free(struct nodes *ns);
 void node_clear(struct node *nd);
+
+/* devices.c */
+void configure_devices(void);
+int physical_of(CUdevice dev);
+CUresult need_device(CUdevice dev, const char *call);
+void corrupt_output(void *dst, size_t n);
+void issue_hooks(uint32_t sequence);
 
 /* launch.c */
 CUresult run_kernel_node(const struct node *nd, const char *call);
