@@ -4,6 +4,7 @@ test.  `fake(cc=(9, 0), **kw)` makes one with that compute capability and option
 import pytest
 
 from coppelius.driver import calls as drv
+from coppelius.staging.views import StagingViews
 from tools.fake_driver import FakeDriver
 
 
@@ -14,3 +15,12 @@ def fake(monkeypatch):
         monkeypatch.setattr(drv, "_cu", f)
         return f
     return make
+
+
+def install_for_runs(monkeypatch) -> FakeDriver:
+    """A FakeDriver under the cuda backend for whole runs: installed, and its records pass the
+    marker check (the fake runs the releases only, so no kernel overwrites a marker)."""
+    f = FakeDriver()
+    monkeypatch.setattr(drv, "_cu", f)
+    monkeypatch.setattr(StagingViews, "marker_survived", lambda self, offset: False)
+    return f

@@ -89,6 +89,17 @@ def build(directory: Path = BUILD) -> Path | str:
     return directory
 
 
+def built_or_skip() -> Path:
+    """The built stub's directory for a test, or the test skipped naming why (no compiler, or no
+    cuda-bindings to load it)."""
+    import pytest
+    lib = build()
+    if isinstance(lib, str):
+        pytest.skip(lib)
+    pytest.importorskip("cuda.bindings.driver", reason="cuda-bindings is not installed")
+    return lib
+
+
 def env(log_path: Path | str, directory: Path = BUILD, base: dict | None = None, **extra) -> dict:
     """The environment of a subprocess whose cuda-bindings load the stub: LD_LIBRARY_PATH first
     names the build directory, COPPELIUS_STUB_LOG the log; `extra`: COPPELIUS_STUB_* settings."""

@@ -24,9 +24,8 @@ from coppelius.driver import calls as drv
 from coppelius.backends.cuda import ptx
 from coppelius.plan import profiles
 from coppelius.staging import synthetic
-from coppelius.staging.views import StagingViews
 
-from tools.fake_driver import FakeDriver
+from tests.support.fake_driver_fixture import install_for_runs
 from tests.support.paths import GOLDEN, ROOT
 
 TINY = profiles.get("tiny")
@@ -39,10 +38,7 @@ needs_ptx = pytest.mark.skipif(
 @pytest.fixture
 def fake(monkeypatch):
     """The fake driver under the cuda backend; its records pass the marker check."""
-    f = FakeDriver()
-    monkeypatch.setattr(drv, "_cu", f)
-    monkeypatch.setattr(StagingViews, "marker_survived", lambda self, offset: False)
-    return f
+    return install_for_runs(monkeypatch)
 
 
 def tree(root: Path) -> dict:

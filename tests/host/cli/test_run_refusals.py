@@ -22,16 +22,14 @@ import pytest
 
 from coppelius import checkpoints
 from coppelius import cli
-from coppelius.driver import calls as drv
 from coppelius.backends.cuda import ptx
 from coppelius.run import loop as run_mod
 from coppelius.run import records
 from coppelius.plan import profiles
 from coppelius.staging import records as R
 from coppelius.staging import tokens as tk
-from coppelius.staging.views import StagingViews
 
-from tools.fake_driver import FakeDriver
+from tests.support.fake_driver_fixture import install_for_runs
 from tests.support.paths import ROOT
 
 TINY = profiles.get("tiny")
@@ -44,10 +42,7 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture
 def fake(monkeypatch):
     """The fake driver under the cuda backend; its records pass the marker check."""
-    f = FakeDriver()
-    monkeypatch.setattr(drv, "_cu", f)
-    monkeypatch.setattr(StagingViews, "marker_survived", lambda self, offset: False)
-    return f
+    return install_for_runs(monkeypatch)
 
 
 @pytest.fixture

@@ -30,11 +30,7 @@ TIMEOUT_S = 300
 
 @pytest.fixture(scope="module")
 def stub() -> Path:
-    lib = stub_driver.build()
-    if isinstance(lib, str):
-        pytest.skip(lib)
-    pytest.importorskip("cuda.bindings.driver", reason="cuda-bindings is not installed")
-    return lib
+    return stub_driver.built_or_skip()
 
 
 def through_stub(stub: Path, log: Path, *args: str, **settings) -> subprocess.CompletedProcess:

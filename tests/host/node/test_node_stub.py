@@ -27,11 +27,7 @@ def pci(k: int) -> str:
 
 @pytest.fixture(scope="module")
 def stub() -> Path:
-    lib = stub_driver.build()
-    if isinstance(lib, str):
-        pytest.skip(lib)
-    pytest.importorskip("cuda.bindings.driver", reason="cuda-bindings is not installed")
-    return lib
+    return stub_driver.built_or_skip()
 
 
 def coppelius(stub: Path, tmp_path: Path, *args: str, **settings) -> subprocess.CompletedProcess:
