@@ -161,7 +161,7 @@ def test_the_fingerprint_of_a_strided_bf16_region():
 
 def test_diff_ends_with_the_bisect_to_run_next():
     rep = {"same": False, "across_backends": True, "first": {"section": "steps", "step": 3},
-           "a": {"profile": "tiny", "steps": 8}, "b": {"profile": "tiny", "steps": 8}}
+           "a": {"profile": "tiny", "steps": 8, "c0": 0}, "b": {"profile": "tiny", "steps": 8, "c0": 0}}
     assert digest_step(rep) == 2
     hint = bisect_hint(rep)
     assert "--digest-step 2" in hint and "--steps 3" in hint
