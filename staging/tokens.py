@@ -242,11 +242,13 @@ class TokenCache:
         T, V = self.profile.context, self.profile.vocab
         window = np.empty(T + 1, TOKEN_DTYPE)
         try:
+            # read, then fingerprint: bytes read while the file changed are never taken for
+            # the validated ones (a fingerprint first would miss a change during the read)
+            got = read_ids(self.fd, T * c, window)
             now = _fingerprint(self.fd)
-            got = read_ids(self.fd, T * c, window) if now == self.fingerprint else None
         except OSError as e:        # an I/O error reading the cache: a host error naming it
             raise OSError(e.errno, e.strerror, os.fspath(self.path)) from None
-        if got is None:
+        if now != self.fingerprint:
             raise TokenCacheChanged(self.path, c, _difference(self.fingerprint, now))
         if got < T + 1:
             raise TokenCacheChanged(self.path, c, f"it ends at token {T * c + got}")

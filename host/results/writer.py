@@ -85,7 +85,7 @@ class Reserve:
             return
         self.held = True
 
-    def give_back(self, fd: int) -> None:
+    def release(self, fd: int) -> None:
         """Punch out what is reserved past the file's end, never a byte inside it (an
         overwritten file keeps its old bytes until the first write); best effort: the file's
         bytes are what matters."""
@@ -261,7 +261,7 @@ class ResultWriter:
         if self._fd is None:
             return
         if self.reserve is not None:
-            self.reserve.give_back(self._fd)
+            self.reserve.release(self._fd)
         fd, self._fd = self._fd, None
         try:
             os.fsync(fd)
@@ -328,7 +328,7 @@ class ResultWriter:
             os.ftruncate(self._fd, size)
         self.bytes_written = size
         if self.reserve is not None:
-            self.reserve.give_back(self._fd)
+            self.reserve.release(self._fd)
 
 
 def _exact(data, size: int, what: str) -> memoryview:
