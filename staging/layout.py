@@ -33,6 +33,8 @@ W0_LAST_CE, W1_EMBED_GRAD, W2_EMBED_FINAL, W3_EMBED_M_FINAL = range(LOSS_WINDOWS
 
 LOSS_RECORD = 0x190000                  # the update's per-row cross-entropy copy
 LOSS_RECORD_BYTES = 4096
+LOSS_BAD_ID = -1.0                      # a row the update's cross_entropy marks: its input or
+#                                         target id is outside [0, V) (a true ce is ≥ 0)
 
 PREDICTIONS = 0x1F0000                  # the prediction rows as {u32 token, u32 valid}
 PREDICTION_COUNT = 3

@@ -98,8 +98,10 @@ NOTIFIER_NO_STEP = 0xFFFFFFFF
 INFO_FENCE_TIMEOUT = 0x10001
 INFO_MARKER_SURVIVED = 0x10002
 INFO_HOST_IO = 0x10003
+INFO_TOKEN_ID = 0x10004         # the update's cross_entropy marked a row: an id outside [0, V)
 INFO_NAMES = {INFO_FENCE_TIMEOUT: "fence timeout", INFO_MARKER_SURVIVED: "record marker survived",
-              INFO_HOST_IO: "host I/O"}     # info32 codes of the host; others are CUresults
+              INFO_HOST_IO: "host I/O", INFO_TOKEN_ID: "token id outside the vocabulary"}
+#                                                  info32 codes of the host; others are CUresults
 
 STATUS_MAGIC = b"COPPSTAT"
 STATUS_VERSION_1 = 1            # CONTRACT §8's first layout: STATUS_BLOCK

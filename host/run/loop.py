@@ -38,8 +38,8 @@ from coppelius.run.publisher import Publisher
 from coppelius.results.writer import ResultWriteError, ResultWriter
 from coppelius.run.ring import DEFAULT_FENCE_TIMEOUT_S, Ring
 from coppelius.run.records import (EXIT_INTERRUPTED, Failure, MarkerSurvived, Notifier, Summary,
-                                   failure_of, saved_report, stat_record, status_block,
-                                   tail_sections)
+                                   check_loss_record, failure_of, saved_report, stat_record,
+                                   status_block, tail_sections)
 
 SWITCH_INTERVAL_S = 2e-4    # GIL hand-over bound while a publisher thread runs beside the loop
 PUBLISHER_JOIN_S = 60.0     # after an unexpected error: a 692 MB publication takes ~2 s on CI
@@ -322,6 +322,8 @@ class _Invocation:
             if self.digests is not None:
                 self.digests.before(s)
             self.ring.run(L.SUBMISSION_UPDATE, context, s)
+            # before the window reaches the file: a marked row ends the run, this step unsaved
+            check_loss_record(self.views.loss_record, s, context, self.profile.vocab)
             if s == 0:
                 self.writer.write_forward(self.forward_part)
             self.writer.append_step(self.views.loss_record)

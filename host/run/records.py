@@ -58,6 +58,36 @@ class MarkerSurvived(Exception):
         self.submission = L.SUBMISSIONS.index(name)
 
 
+class TokenIdOnDevice(DeviceError):
+    """The update's cross_entropy marked rows of the loss record (L.LOSS_BAD_ID): an input or
+    target id outside [0, V) reached the kernels, though the host checked every id of the context
+    before it staged them — so they changed between the check and the device (host memory, the
+    staging region, the transfer).  The kernels read and wrote nothing outside their tensors for
+    it (plan/kernels/norms.py embed_fwd, cross_entropy.py); the step's window is not appended and
+    nothing of it is published."""
+
+    def __init__(self, step: int, context: int, rows: np.ndarray, vocab: int):
+        more = f" (and {len(rows) - 1} more rows)" if len(rows) > 1 else ""
+        super().__init__(
+            f"the update of step {step} (context {context}) saw a token id outside [0, {vocab}) "
+            f"at row {rows[0]}{more}, though the host checked the context before staging it: the "
+            "ids changed between the check and the device; nothing of this step was saved. Hint: "
+            "`coppelius run` again continues from the checkpoint; if the fault repeats, "
+            "`coppelius node --digests` compares this GPU with the others", code=R.INFO_TOKEN_ID)
+        self.rows = rows
+        self.reason = f"token id >= V: step {step} row {rows[0]}"
+
+
+def check_loss_record(loss: np.ndarray, step: int, context: int, vocab: int) -> None:
+    """Raise TokenIdOnDevice where the update marked a row.  One min over the 1,024 rows (a true
+    ce is ≥ 0, a NaN compares false) and the rows only when one is marked: a full comparison and
+    np.flatnonzero cost 12–18 µs a step here, the min ~3 (docs/PERFORMANCE.md)."""
+    if loss.min() <= L.LOSS_BAD_ID:
+        marked = np.flatnonzero(loss == np.float32(L.LOSS_BAD_ID))
+        if marked.size:
+            raise TokenIdOnDevice(step, context, marked, vocab)
+
+
 NO_DRIVER_CODE = 0xFFFF         # notifier info32 of a device error without a CUresult
 REASON_BYTES = R.ERROR_NOTIFIER.dtype["reason"].itemsize      # 40 ASCII bytes (CONTRACT §8)
 
@@ -121,6 +151,9 @@ def failure_of(e: BaseException, ring: Ring, step: int | None, during: str = "")
     if isinstance(e, MarkerSurvived):
         return Failure(R.OUTCOME_DEVICE_ERROR, R.INFO_MARKER_SURVIVED, e.submission, None,
                         str(e), str(e))
+    if isinstance(e, TokenIdOnDevice):
+        return Failure(R.OUTCOME_DEVICE_ERROR, e.code, current_submission(ring), step,
+                       e.reason, str(e))
     if isinstance(e, DeviceError):
         return Failure(R.OUTCOME_DEVICE_ERROR, e.code or NO_DRIVER_CODE,
                         current_submission(ring), step, during + str(e), during + str(e))

@@ -6,6 +6,11 @@ power of two the division is a multiplication by INV_T = 2^−k: both are the co
 value of the same real number, so the bits are the division's, for one div_rn (an rcp and ~10
 dependent operations) less per element.
 BLOCK_V ≥ V: a whole row sits in registers, so nothing is read twice.
+A row whose input or target id is outside [0, V) — the host checks every id before it stages a
+context, so only a fault gets one here — writes CE_BAD_ID (−1.0; a true ce is ≥ 0) to the loss
+record and w0: the host reads the loss record after each update and ends the run as a device
+error naming the step and the row (host/run/loop.py), before anything of that step is published.
+Such a target is only ever compared, never an address.
 """
 import triton
 import triton.language as tl
@@ -13,11 +18,11 @@ from coppelius.plan.kernels.grid_dependency import await_previous_grid
 
 
 @triton.jit
-def cross_entropy(logits_ptr, targets_ptr, loss_ptr, w0_ptr, dlogits_ptr, T, V: tl.constexpr,
-                  ROWS: tl.constexpr, BLOCK_V: tl.constexpr, INV_T: tl.constexpr,
-                  PDL: tl.constexpr = False):
-    """logits (T, V) fp32, targets (T,) u32 → loss, w0 (T,) fp32 and dlogits (T, V) bf16; INV_T:
-    1/T when T is a power of two (exact), else 0.0 (divide by T)."""
+def cross_entropy(logits_ptr, inputs_ptr, targets_ptr, loss_ptr, w0_ptr, dlogits_ptr, T,
+                  V: tl.constexpr, ROWS: tl.constexpr, BLOCK_V: tl.constexpr, INV_T: tl.constexpr,
+                  CE_BAD_ID: tl.constexpr, PDL: tl.constexpr = False):
+    """logits (T, V) fp32, inputs and targets (T,) u32 → loss, w0 (T,) fp32 and dlogits (T, V)
+    bf16; INV_T: 1/T when T is a power of two (exact), else 0.0 (divide by T)."""
     await_previous_grid(PDL)
     offs_r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     offs_v = tl.arange(0, BLOCK_V)
@@ -34,6 +39,9 @@ def cross_entropy(logits_ptr, targets_ptr, loss_ptr, w0_ptr, dlogits_ptr, T, V: 
     target = tl.load(targets_ptr + offs_r, mask=mask_r, other=0).to(tl.int32)
     hit = offs_v[None, :] == target[:, None]
     ce = lse - tl.sum(tl.where(hit, logits, 0.0), 1)
+    source = tl.load(inputs_ptr + offs_r, mask=mask_r, other=0).to(tl.int32)
+    bad = (target < 0) | (target >= V) | (source < 0) | (source >= V)
+    ce = tl.where(bad, CE_BAD_ID, ce)
     tl.store(loss_ptr + offs_r, ce, mask=mask_r)
     tl.store(w0_ptr + offs_r, ce, mask=mask_r)
     p = tl.div_rn(e, total[:, None]) - tl.where(hit, 1.0, 0.0)

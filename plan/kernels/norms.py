@@ -67,18 +67,22 @@ def rmsnorm_rows(x_ptr, ssq_ptr, h16_ptr, rstd_ptr, T, D: tl.constexpr, SSQ_PART
 
 @triton.jit
 def embed_fwd(ids_ptr, table_ptr, g_ptr, emb_ptr, rstd_ptr, x_ptr, h16_ptr, rstd0_ptr, rope_ptr,
-              next_ptr, T, D: tl.constexpr, HEAD_DIM: tl.constexpr,
+              next_ptr, T, V: tl.constexpr, D: tl.constexpr, HEAD_DIM: tl.constexpr,
               BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr,
               PDL: tl.constexpr = False):
     """e = E[ids] (T, D) → emb = e, rstd = r(e), x = e·r·g (NUMERICS embed), and the first
     attention norm of x: h16 = bf(x·r0) and rstd0 = r0 (the qkv product's rows, as residual_norm
     writes the other layers'); the rotary table rope (T, d) = [cos | sin] of the same rows, which
     the qkv and attention-backward epilogues read; and the next-row links (T,) int32 the
-    embedding backward walks (BLOCK_T ≥ T)."""
+    embedding backward walks (BLOCK_T ≥ T).
+    An id outside [0, V) (a u32 ≥ 2^31 reads as negative here) gathers nothing: its row is zero,
+    so no read leaves E; cross_entropy flags the row (CE_BAD_ID) and the host ends the run."""
     await_previous_grid(PDL)
     offs_r, offs_d, mask_r, mask, offs = _row_block(T, D, BLOCK_R, BLOCK_D)
     ids = tl.load(ids_ptr + offs_r, mask=mask_r, other=0).to(tl.int32)
-    e = tl.load(table_ptr + ids[:, None] * D + offs_d[None, :], mask=mask, other=0.0)
+    in_table = (ids >= 0) & (ids < V)
+    e = tl.load(table_ptr + ids[:, None] * D + offs_d[None, :], mask=mask & in_table[:, None],
+                other=0.0)
     r = _rstd(e, D)
     g = tl.load(g_ptr + offs_d, mask=offs_d < D, other=0.0)
     tl.store(emb_ptr + offs, e, mask=mask)

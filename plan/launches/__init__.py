@@ -118,7 +118,8 @@ def _loss_and_head_backward(ctx: Context, g: GradRefs) -> list[Launch]:
     dx = launch_matmul.matmul_into_norm(ctx, a=g.dlogits16, b=ctx.param("head", "w16"), dn=g.dn, M=ctx.T,
                              N=ctx.D, K=ctx.V, label="head_backward.dx")
     return [
-        launch_builders.cross_entropy(ctx, logits=ctx.buf("logits"), targets=ctx.targets(),
+        launch_builders.cross_entropy(ctx, logits=ctx.buf("logits"), inputs=ctx.inputs(),
+                        targets=ctx.targets(),
                         loss=staging("LOSS_RECORD"), w0=loss_window("W0_LAST_CE"),
                         dlogits=g.dlogits16, label="cross_entropy"),
         dx,

@@ -64,7 +64,7 @@ def embed_fwd(ctx: Context, *, ids, table, g, emb, rstd, x, h16, rstd0, rope, ne
                          {"ids_ptr": ids, "table_ptr": table, "g_ptr": g, "emb_ptr": emb,
                           "rstd_ptr": rstd, "x_ptr": x, "h16_ptr": h16, "rstd0_ptr": rstd0,
                           "rope_ptr": rope, "next_ptr": next_row, "T": i32(ctx.T)},
-                         {"D": ctx.D, "HEAD_DIM": ctx.p.head_dim, "BLOCK_R": tu.rows,
+                         {"V": ctx.V, "D": ctx.D, "HEAD_DIM": ctx.p.head_dim, "BLOCK_R": tu.rows,
                           "BLOCK_D": next_pow2(ctx.D), "BLOCK_T": next_pow2(ctx.T)},
                          num_warps=tu.rows_warps, num_stages=1, label=label)
 
@@ -213,14 +213,16 @@ def attention_bwd_dq(ctx: Context, *, qkv, ds, kv_part, rope, dqkv, label: str) 
 
 # ---------------------------------------------------------------- loss, predictions, embedding
 
-def cross_entropy(ctx: Context, *, logits, targets, loss, w0, dlogits, label: str) -> Launch:
-    """ce per row to the loss record and w0; dlogits = bf((softmax − onehot)/T)."""
+def cross_entropy(ctx: Context, *, logits, inputs, targets, loss, w0, dlogits,
+                  label: str) -> Launch:
+    """ce per row to the loss record and w0; dlogits = bf((softmax − onehot)/T); a row whose
+    input or target id is outside [0, V) marked L.LOSS_BAD_ID for the host."""
     tu = ctx.tu
     return triton_launch("coppelius.plan.kernels.cross_entropy", "cross_entropy", (cdiv(ctx.T, tu.ce_rows),),
-                         {"logits_ptr": logits, "targets_ptr": targets, "loss_ptr": loss,
-                          "w0_ptr": w0, "dlogits_ptr": dlogits, "T": i32(ctx.T)},
+                         {"logits_ptr": logits, "inputs_ptr": inputs, "targets_ptr": targets,
+                          "loss_ptr": loss, "w0_ptr": w0, "dlogits_ptr": dlogits, "T": i32(ctx.T)},
                          {"V": ctx.V, "ROWS": tu.ce_rows, "BLOCK_V": next_pow2(ctx.V),
-                          "INV_T": inverse_power_of_two(ctx.T)},
+                          "INV_T": inverse_power_of_two(ctx.T), "CE_BAD_ID": L.LOSS_BAD_ID},
                          num_warps=tu.ce_warps, num_stages=1, label=label)
 
 

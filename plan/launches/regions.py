@@ -243,7 +243,8 @@ def _attention_bwd_dq(s, x):
 
 def _cross_entropy(s, x):
     T, V = s.T, s.V
-    return ([region(x, "logits_ptr", T * V), region(x, "targets_ptr", T)],
+    return ([region(x, "logits_ptr", T * V), region(x, "inputs_ptr", T),
+             region(x, "targets_ptr", T)],
             [region(x, "loss_ptr", T), region(x, "w0_ptr", T), region(x, "dlogits_ptr", T * V)])
 
 

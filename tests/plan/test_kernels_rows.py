@@ -24,6 +24,7 @@ from coppelius.plan.kernels.cross_entropy import cross_entropy, predictions
 from coppelius.plan.kernels.embed_grad import embed_decay, embed_grad
 from coppelius.plan.kernels.norms import embed_fwd, residual_norm, rmsnorm_bwd, rmsnorm_bwd_gain
 from coppelius.plan.ints import cdiv, next_pow2
+from coppelius.staging import layout as L
 
 RNG = np.random.default_rng(11)
 BLOCK_R = 16                   # rows per norm program
@@ -95,7 +96,7 @@ def _links(s: Rows, ids: np.ndarray) -> torch.Tensor:
     embed_fwd[s.grid](_t(ids.view(np.int32)), _t(np.ones((s.V, s.D), np.float32)),
                       _t(np.ones(s.D, np.float32)), poisoned((s.T, s.D)), poisoned((s.T,)),
                       poisoned((s.T, s.D)), poisoned((s.T, s.D), torch.bfloat16),
-                      poisoned((s.T,)), poisoned((s.T, HEAD_DIM)), nxt, s.T,
+                      poisoned((s.T,)), poisoned((s.T, HEAD_DIM)), nxt, s.T, V=s.V,
                       HEAD_DIM=HEAD_DIM, BLOCK_T=s.block_t, **s.norm)
     assert_written("next", nxt)
     return nxt
@@ -116,7 +117,7 @@ def test_embed_fwd_is_the_embed_stage_and_writes_the_rotary_table_and_links(shap
     nxt = poisoned((T + 3,), torch.int32)
     h16, rstd0 = poisoned((T + 3, D), torch.bfloat16), poisoned((T + 3,))   # rows past T unwritten
     embed_fwd[s.grid](_t(ids.view(np.int32)), _t(E), _t(g), emb, rstd, x, h16, rstd0, rope, nxt,
-                      T, HEAD_DIM=d, BLOCK_T=s.block_t, **s.norm)
+                      T, V=V, HEAD_DIM=d, BLOCK_T=s.block_t, **s.norm)
     for name, t in (("emb", emb), ("rstd", rstd), ("x", x), ("rope", rope[:T]), ("next", nxt[:T]),
                     ("h16", h16[:T]), ("rstd0", rstd0[:T])):
         assert_written(name, t)
@@ -233,11 +234,16 @@ def test_cross_entropy_writes_ce_twice_and_bf16_dlogits(shape):
     targets = RNG.integers(0, V, T).astype(np.uint32)
     targets[0], targets[-1] = 0, V - 1                           # the first and the last class
 
+    inputs = RNG.integers(0, V, T).astype(np.uint32)
+    inputs[0] = V - 1
+
     def run(inv_t):
         loss, w0 = poisoned((T,)), poisoned((T,))
         dl = poisoned((T, V), torch.bfloat16)
-        cross_entropy[(cdiv(T, CE_ROWS),)](_t(logits), _t(targets.view(np.int32)), loss, w0, dl, T,
-                                           V=V, ROWS=CE_ROWS, BLOCK_V=next_pow2(V), INV_T=inv_t)
+        cross_entropy[(cdiv(T, CE_ROWS),)](_t(logits), _t(inputs.view(np.int32)),
+                                           _t(targets.view(np.int32)), loss, w0, dl, T,
+                                           V=V, ROWS=CE_ROWS, BLOCK_V=next_pow2(V), INV_T=inv_t,
+                                           CE_BAD_ID=L.LOSS_BAD_ID)
         for name, t in (("loss", loss), ("w0", w0), ("dlogits", dl)):
             assert_written(name, t)
         return loss, w0, dl
@@ -251,6 +257,64 @@ def test_cross_entropy_writes_ce_twice_and_bf16_dlogits(shape):
                  ONE_BF16_ULP)
     if inv_t:                                 # T a power of two: the product is the quotient
         assert_bitwise("dlogits, × 1/T vs ÷ T", f32(dl), f32(run(0.0)[2]))
+
+
+# ids a fault could put past the host's check: V itself, the u32 maximum (negative as int32),
+# 2^31 (the sign bit alone) and a large positive one
+BAD_IDS = (None, 0xFFFFFFFF, 0x80000000, 0x7FFFFFFF)
+
+
+@pytest.mark.parametrize("shape", SHAPE_IDS)
+def test_embed_fwd_gathers_nothing_for_an_id_outside_the_table(shape):
+    """E sits inside a poisoned allocation (NaN before and after it): an id ≥ V reads no byte of
+    it — the row is zero, as are its x and h16 — and the other rows are those of valid ids."""
+    s = SHAPES[shape]
+    T, D, V = s.T, s.D, s.V
+    E = RNG.standard_normal((V, D)).astype(np.float32)
+    g = (1 + 0.1 * RNG.standard_normal(D)).astype(np.float32)
+    ids = RNG.integers(0, V, T).astype(np.uint32)
+    rows = sorted({r for r in (0, 5, T // 2, T - 1) if r < T})      # distinct: one row at T = 1
+    for r, bad in zip(rows, BAD_IDS):
+        ids[r] = V if bad is None else bad
+    guard = V * D                                   # words of poison on each side of E
+    space = poisoned((3 * V * D,))
+    space[guard:guard + V * D] = torch.from_numpy(E.ravel())
+    table = space[guard:guard + V * D]
+    emb, rstd, x = poisoned((T, D)), poisoned((T,)), poisoned((T, D))
+    h16, rstd0 = poisoned((T, D), torch.bfloat16), poisoned((T,))
+    embed_fwd[s.grid](_t(ids.view(np.int32)), table, _t(g), emb, rstd, x, h16, rstd0,
+                      poisoned((T, HEAD_DIM)), poisoned((T,), torch.int32), T, V=V,
+                      HEAD_DIM=HEAD_DIM, BLOCK_T=s.block_t, **s.norm)
+    for name, t in (("emb", emb), ("x", x), ("h16", h16)):
+        assert_bitwise(f"{name} of the rows with an id outside [0, V)", f32(t[rows]),
+                       np.zeros((len(rows), D), np.float32))
+    good = np.setdiff1d(np.arange(T), rows)
+    assert_bitwise("emb of the valid rows", f32(emb)[good], E[ids[good].astype(np.int64)])
+
+
+@pytest.mark.parametrize("shape", SHAPE_IDS)
+def test_cross_entropy_marks_a_row_whose_input_or_target_is_outside_the_vocabulary(shape):
+    """The loss record and w0 hold LOSS_BAD_ID exactly at the rows with an input or a target
+    outside [0, V) (the host names the first); every other row's ce is the reference's."""
+    s = SHAPES[shape]
+    T, V = s.T, s.V
+    logits = (4 * RNG.standard_normal((T, V))).astype(np.float32)
+    inputs = RNG.integers(0, V, T).astype(np.uint32)
+    targets = RNG.integers(0, V, T).astype(np.uint32)
+    inputs[T - 1], targets[0] = V, 0xFFFFFFFF                   # one row at T = 1: both
+    inputs[T // 2] = targets[T // 2] = 0x80000000
+    bad = np.zeros(T, bool)
+    bad[[0, T // 2, T - 1]] = True
+    loss, w0 = poisoned((T,)), poisoned((T,))
+    cross_entropy[(cdiv(T, CE_ROWS),)](_t(logits), _t(inputs.view(np.int32)),
+                                       _t(targets.view(np.int32)), loss, w0,
+                                       poisoned((T, V), torch.bfloat16), T, V=V, ROWS=CE_ROWS,
+                                       BLOCK_V=next_pow2(V), INV_T=0.0, CE_BAD_ID=L.LOSS_BAD_ID)
+    assert_bitwise("the marked rows", f32(loss)[bad], np.full(bad.sum(), L.LOSS_BAD_ID, np.float32))
+    assert_bitwise("w0 is the loss record", f32(w0), f32(loss))
+    if (~bad).any():                          # at T = 1 the one row is marked
+        want = ref.cross_entropy(logits[~bad], targets[~bad].astype(np.int64))
+        assert_close("ce of the valid rows", f32(loss)[~bad], want, ELEMENTWISE)
 
 
 def test_a_power_of_two_inverse_multiplies_as_the_division_rounds():

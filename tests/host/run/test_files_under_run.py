@@ -124,6 +124,65 @@ def test_ids_overwritten_mid_run_are_refused_before_any_publication_of_them(fake
     assert (tmp_path / "c.ckpt").stat().st_size == 0     # nothing published, nothing changed
 
 
+# ------------------------------------------------------- an id ≥ V past the host's check, on the device
+
+def marked_on_device(summary, tmp_path, step, row):
+    """A device error (exit 1) naming the step and the row, the notifier's code the token id's,
+    the step's window not in the file and nothing of it published."""
+    assert summary.outcome == R.OUTCOME_DEVICE_ERROR and summary.exit_code == 1, summary.error
+    assert f"step {step}" in summary.error and f"at row {row}" in summary.error
+    assert f"outside [0, {V})" in summary.error and "coppelius run" in summary.error
+    rf = read(tmp_path / "r.bin")
+    n = rf.error_notifier
+    assert int(n["info32"]) == R.INFO_TOKEN_ID and int(n["step"]) == step
+    assert bytes(n["reason"]).rstrip(b"\0") == b"token id >= V: step %d row %d" % (step, row)
+    assert int(rf.status["steps_completed"]) == step
+    return rf
+
+
+@needs_ptx
+def test_a_row_the_device_marks_ends_the_run_as_a_device_error_naming_step_and_row(
+        fake, tmp_path, monkeypatch):
+    """The cuda host's path: the fake driver runs no kernel, so the test marks the loss record
+    as cross_entropy would after update `step`; the run stops there, before the step's window,
+    with the publication of the interval before it complete."""
+    from coppelius.run.ring import Ring
+    from coppelius.staging import layout as L
+    fake()
+    cache_file(tmp_path / "t.tokens")
+    step, row, issue = INTERVAL + 1, 17, Ring.run
+
+    def run_and_mark(self, submission, context, s):
+        issue(self, submission, context, s)
+        if submission == L.SUBMISSION_UPDATE and s == step:
+            self.backend.staging.loss_record[row] = L.LOSS_BAD_ID
+
+    monkeypatch.setattr(Ring, "run", run_and_mark)
+    summary = run_fake(tmp_path, monkeypatch, At(None, lambda: None))
+    marked_on_device(summary, tmp_path, step, row)
+    assert published_count(tmp_path) == INTERVAL         # the interval's, from valid ids
+
+
+@needs_ptx
+def test_interpret_an_id_past_the_host_check_is_flagged_by_the_kernels(tmp_path, monkeypatch):
+    """A test-only hook writes 0xFFFFFFFF into a staged input after the host's check of context
+    0 (the forward's and step 0's): embed_fwd gathers nothing for it and cross_entropy marks its
+    row, which the host names (one step: the interpreter's ~40 s a step on CI)."""
+    pytest.importorskip("triton")
+    cache_file(tmp_path / "t.tokens", contexts=2)
+    row, check_and_stage = 5, tk.TokenCache.write_input_record
+
+    def staged_then_poisoned(self, views, c):
+        check_and_stage(self, views, c)
+        views.inputs[row] = 0xFFFFFFFF
+
+    monkeypatch.setattr(tk.TokenCache, "write_input_record", staged_then_poisoned)
+    summary = run_fake(tmp_path, monkeypatch, At(None, lambda: None), steps=1,
+                       backend="interpret")
+    marked_on_device(summary, tmp_path, 0, row)
+    assert (tmp_path / "c.ckpt").stat().st_size == 0
+
+
 # ------------------------------------------------------------------ the result file, fake driver
 
 def _fail_result_writes(monkeypatch, tmp_path, code, at_offset):

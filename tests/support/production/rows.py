@@ -20,6 +20,7 @@ class _CrossEntropy:
         targets = case.rng.integers(0, V, T).astype(np.uint32)
         targets[0], targets[T - 1] = V - 1, 0
         case.input("targets_ptr", values=targets)
+        case.input("inputs_ptr", values=np.roll(targets, 1))
         case.cache["ce"] = ref.cross_entropy(logits, targets)
         case.cache["dl"] = ref.bf16(ref.cross_entropy_backward(logits, targets))
         case.output("loss_ptr", (T,), T_ELEM)
