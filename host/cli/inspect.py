@@ -18,6 +18,7 @@ from coppelius.forensics.summary import LAST_N, STREAM_CHOICES, run_levels, stre
 ORDER = 20
 SPARK = "▁▂▃▄▅▆▇█"
 SPARK_WIDTH = 60
+TELEMETRY_ROWS = 24     # samples shown whole; a longer run shows its first and last half of them
 
 
 def register(sub) -> None:
@@ -47,7 +48,7 @@ def run(args) -> int:
     if args.plot:
         from coppelius.forensics.plot import plot
         plot(rf, args.plot, levels=run_levels(rf, stream))
-    info = summarize(rf, stream)
+    info = summarize(rf, stream)            # the telemetry file beside it included
     try:
         if args.json:
             json.dump(info, sys.stdout, allow_nan=False, separators=(",", ":"))
@@ -103,6 +104,7 @@ def render(info: dict, rf) -> None:
     _render_identity(c, info)
     _render_losses(c, info, rf)
     _render_timing(c, info)
+    _render_telemetry(c, info)
     _render_records(c, info)
 
 
@@ -190,6 +192,46 @@ def _render_timing(c, info: dict) -> None:
         t.add_row(s["submission"], str(s["final_payload"]), str(s["final_timestamp"]),
                   str(s["prelaunch_payload"]), str(s["prelaunch_timestamp"]))
     c.print(t)
+
+
+def _render_telemetry(c, info: dict) -> None:
+    """The telemetry file beside the result (one row per sample, then the summary line), why
+    there is none, or nothing where it is unreadable (the warnings at the end name it)."""
+    from rich import box
+    from rich.table import Table
+
+    from coppelius.telemetry import READINGS, UNAVAILABLE
+    tel = info["telemetry"]
+    if tel is None:
+        from coppelius.results.telemetry_file import path_for
+        c.print(f"no telemetry recorded (no {path_for(info['path']).name} beside the file: a run "
+                "on the cuda backend writes it)")
+        return
+    if tel["error"]:
+        return
+    if not tel["available"]:
+        c.print(tel["reason"] or UNAVAILABLE)       # "telemetry unavailable: " and why
+        return
+    gpu, samples = tel["gpu"], tel["samples"]
+    t = Table(box=box.SIMPLE_HEAD, title_justify="left",
+              title=f"telemetry of GPU {gpu['index']} {gpu['uuid'] or '—'} "
+              f"({gpu['pci_bus_id']}) on {tel['host']}: {len(samples)} samples")
+    heads = ("phase", "update", "t (s)", "°C", "W", "SM MHz", "mem MHz", "throttle",
+             "ECC corr.", "ECC uncorr.", "pages pending", "remap pending", "remap failure")
+    for col in heads:
+        t.add_column(col, justify="left" if col == "phase" else "right", no_wrap=True)
+    shown = samples if len(samples) <= TELEMETRY_ROWS else \
+        samples[:TELEMETRY_ROWS // 2] + [None] + samples[-(TELEMETRY_ROWS // 2):]
+    for s in shown:
+        if s is None:
+            t.add_row("…", *[""] * (len(heads) - 1))
+            continue
+        r = s["readings"]
+        cells = ["—" if r[k] is None else (f"{r[k]:#x}" if k == "throttle_reasons" else
+                                          f"{r[k]:g}") for k in READINGS]
+        t.add_row(s["phase"], f"{s['update_count']:,}", f"{s['t_s']:.1f}", *cells)
+    c.print(t)
+    c.print(f"telemetry: {tel['summary']}")
 
 
 def _unlinked(stat: dict) -> str:

@@ -9,7 +9,7 @@ ORDER = 15
 
 def register(sub) -> None:
     from coppelius.node.children import DEFAULT_TIMEOUT_S
-    from coppelius.node.telemetry import INTERVAL_S
+    from coppelius.telemetry import INTERVAL_S
     p = sub.add_parser("node", help="run on every visible GPU at once; a verdict per GPU",
                        description="One `coppelius run` process per visible GPU, each in its own "
                        "work directory from a fresh checkpoint, then PASS (bit for bit the "
@@ -96,7 +96,7 @@ def render(report: dict) -> None:
                   styled((g["verdict"], colours[g["verdict"]])), g["process"]["status"],
                   f"{g['process']['wall_s']:.1f}", why)
     c.print(t)
-    from coppelius.node.telemetry import summary_line
+    from coppelius.telemetry import summary_line
     tel = report["telemetry"]
     if not tel["available"]:
         c.print(tel["reason"])

@@ -15,6 +15,7 @@ from coppelius.plan.profiles import PREDICTION_ROWS
 from coppelius.staging.records import INFO_NAMES
 
 from coppelius.levels import WINDOW, RunLevels
+from coppelius.results import telemetry_file
 from coppelius.tokenizer import DEFAULT_TOKENIZER as TOKENIZER
 
 LAST_N = WINDOW                  # the loss summary's "mean of the last N steps": the floor's window
@@ -126,6 +127,12 @@ def summarize(rf, stream: dict | None = None) -> dict:
     ts = rf.timestamps
     loss_summary = {"first": None, "last": None, "min": None, "min_step": None,
                     f"mean_last_{LAST_N}": None, "non_finite_steps": int((~finite).sum())}
+    # the GPU's telemetry beside the file (FORMATS §12): shown, or a warning saying why not
+    ran_on = rf.gpu_identity()
+    telemetry = telemetry_file.for_result(rf.path, ran_on, status["c0"])
+    warnings = rf.warnings()
+    if telemetry is not None and telemetry["error"]:
+        warnings.append(telemetry["error"])                     # never a refusal: advisory
     if losses.size:
         loss_summary.update(first=_finite(losses[0]), last=_finite(losses[-1]),
                             **{f"mean_last_{LAST_N}": _finite(losses[-LAST_N:].mean())})
@@ -153,13 +160,14 @@ def summarize(rf, stream: dict | None = None) -> dict:
             "host_gaps_timed": int(gap_us.size), "host_gap_us_p50": gap_p50,
             "host_gap_us_p99": gap_p99, "host_gap_us_max": float(gap_us.max()) if gap_us.size
             else None},
-        "status": status, "ran_on": rf.gpu_identity(), "checkpoint_digest": rf.checkpoint_digest(),
+        "status": status, "ran_on": ran_on, "telemetry": telemetry,
+        "checkpoint_digest": rf.checkpoint_digest(),
         "error_notifier": notifier, "semaphores": sems,
         "stat": record_dict(rf.stat),
         "timestamps": {name: ts[name].tolist() for name in ts.dtype.names},   # columns
         "forward_argmax": [int(i) for i in np.argmax(rf.forward, axis=1)],
         "final_argmax": int(np.argmax(rf.final)) if rf.final.size else None,
-        "warnings": rf.warnings(),
+        "warnings": warnings,
     }
 
 

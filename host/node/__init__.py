@@ -13,7 +13,7 @@ from coppelius.node.children import Child, Invocation, run_children
 from coppelius.node.kernels import add_digests
 from coppelius.node.report import SCHEMA, exit_code, junit_xml, node_report
 from coppelius.node.targets import Target, targets
-from coppelius.node.telemetry import INTERVAL_S, Telemetry
+from coppelius.telemetry import INTERVAL_S, Telemetry
 from coppelius.node.verdicts import judge, references
 
 __all__ = ["Child", "Invocation", "SCHEMA", "Target", "Telemetry", "exit_code", "judge",

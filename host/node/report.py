@@ -8,6 +8,7 @@ import socket
 import xml.etree.ElementTree as ET
 
 from coppelius.node.verdicts import ERROR, PASS
+from coppelius.results import telemetry_file
 
 SCHEMA = "coppelius-node/1"           # docs/NODE.md: bump on any incompatible change
 EXIT_PASS, EXIT_FAIL, EXIT_COULD_NOT_RUN = 0, 1, 2
@@ -22,7 +23,7 @@ def exit_code(gpus: list[dict]) -> int:
 
 def node_report(inv, children: list, verdicts: list[dict], telemetry=None) -> dict:
     """The JSON-ready report of one `coppelius node` (docs/NODE.md); `telemetry`: a
-    coppelius.node.telemetry.Telemetry that sampled the GPUs, or None."""
+    coppelius.telemetry.Telemetry that sampled the GPUs, or None."""
     gpus = []
     for c, v in zip(children, verdicts):
         t = c.target
@@ -33,7 +34,8 @@ def node_report(inv, children: list, verdicts: list[dict], telemetry=None) -> di
                      "process": {"status": c.status, "returncode": c.returncode,
                                  "hung": c.hung, "wall_s": round(c.wall_s, 3)},
                      "result": str(c.result), "work_directory": str(c.directory),
-                     "telemetry": (telemetry.samples.get(t.uuid) or None) if telemetry else None})
+                     "telemetry": (telemetry.samples.get(t.uuid) or None) if telemetry else None,
+                     "telemetry_file": _telemetry_file(c.result)})
     counts = {k: sum(g["verdict"] == k for g in gpus) for k in ("PASS", "FAIL", "TIE", "ERROR")}
     return {"schema": SCHEMA, "host": socket.gethostname(), "profile": inv.profile,
             "backend": inv.backend, "steps": inv.steps, "work": str(inv.work),
@@ -42,6 +44,13 @@ def node_report(inv, children: list, verdicts: list[dict], telemetry=None) -> di
             "telemetry": telemetry.report() if telemetry else {"available": False,
                                                                 "reason": "not sampled"},
             "exit": exit_code(gpus)}
+
+
+def _telemetry_file(result) -> str | None:
+    """The telemetry the GPU's own run recorded beside its result (start, publications, end),
+    where it wrote one: the node's samples above are taken from outside the run."""
+    path = telemetry_file.path_for(result)
+    return str(path) if path.is_file() else None
 
 
 def junit_xml(report: dict) -> bytes:

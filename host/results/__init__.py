@@ -1,2 +1,3 @@
-"""The files a run leaves: the result file (its writer and reader) and the per-launch digests file.
+"""The files a run leaves: the result file (its writer and reader), the per-launch digests file,
+and the telemetry file beside the result (telemetry_file).
 """

@@ -35,6 +35,7 @@ from coppelius.backends.cuda.backend import CudaBackend
 from coppelius.staging.errors import UserError
 from coppelius.levels import RunLevels
 from coppelius.run.publisher import Publisher
+from coppelius.results import telemetry_file
 from coppelius.results.writer import ResultWriteError, ResultWriter
 from coppelius.run.ring import DEFAULT_FENCE_TIMEOUT_S, Ring
 from coppelius.run.records import (EXIT_INTERRUPTED, Failure, MarkerSurvived, Notifier, Summary,
@@ -235,7 +236,11 @@ class _Invocation:
         self.summary = Summary(c0=self.c0, steps_planned=self.steps, update_count=self.c0,
                                result=opened.result, checkpoint=opened.checkpoint)
         self.ring = Ring(backend, capacity=self.steps + 2, timeout_s=req.fence_timeout_s)
-        self.publisher = Publisher(backend, opened.publish_to, self.profile, self.summary, progress)
+        # the GPU's telemetry beside the result file (never a failure; none on the interpreter)
+        self.telemetry = telemetry_file.Recorder(opened.result, backend.gpu_identity(), self.c0,
+                                                 progress.note)
+        self.publisher = Publisher(backend, opened.publish_to, self.profile, self.summary, progress,
+                                   on_published=lambda n: self.telemetry.sample("publication", n))
         self.notifier = Notifier(self.views.error_notifier[0], self.ring)
         self.payload_sha256 = bytes(32)     # of the loaded checkpoint's payload; zeros when fresh
         self.forward_part: np.ndarray | None = None   # (3, V) f32, written with the first step
@@ -257,6 +262,17 @@ class _Invocation:
                 self.backend.abandon("a publisher thread still streams through the staging region")
 
     def _run(self) -> Summary:
+        try:
+            return self._run_sampled()
+        except BaseException:
+            if not self.writer.bytes_written:   # its result file goes (ResultWriter.__exit__)
+                self.telemetry.discard()
+            raise
+        finally:
+            self.telemetry.close()
+
+    def _run_sampled(self) -> Summary:
+        self.telemetry.sample("start", self.c0)     # outside the run's wall time, as "end" is
         t_start = time.monotonic()
         summary, signals = self.summary, self.signals
         try:
@@ -283,6 +299,7 @@ class _Invocation:
                                step=summary.steps_completed, reason=summary.error,
                                status=R.NOTIFIER_STATUS_NONE)
         summary.wall_s = time.monotonic() - t_start
+        self.telemetry.sample("end", summary.update_count)
         self.finish_file()
         self.progress.stop()
         return summary

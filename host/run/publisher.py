@@ -16,11 +16,16 @@ class Publisher:
     re-raises its error.  Publishing is ~2 s per 692 MB checkpoint on the 2-core CI machine
     (docs/PERFORMANCE.md): ten of them would otherwise stop the GPU for longer than the
     10,000 steps take.
+
+    `on_published(update_count)`, when given, is called on the thread once a publication has
+    completed (the run's telemetry sample: NVML calls take milliseconds, which the step loop
+    must not wait for).
     """
 
-    def __init__(self, backend, ckpt_path, profile, summary, progress):
+    def __init__(self, backend, ckpt_path, profile, summary, progress, on_published=None):
         self.backend, self.path, self.profile = backend, ckpt_path, profile
         self.summary, self.progress = summary, progress
+        self.on_published = on_published
         self.transfer = backend.staging.transfer
         self.thread: threading.Thread | None = None
         self.error: BaseException | None = None
@@ -50,6 +55,8 @@ class Publisher:
         self.published = update_count
         self.summary.publications += 1
         self.progress.published(update_count, time.monotonic() - t)
+        if self.on_published is not None:
+            self.on_published(update_count)
 
     def wait(self) -> None:
         """Join the publication in flight and re-raise its error."""

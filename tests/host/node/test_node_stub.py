@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from coppelius.results import telemetry_file as TF
 from coppelius.results.reader import read
 from tests.support import stub_driver
 from tests.support.paths import ROOT
@@ -130,6 +131,11 @@ def test_telemetry_through_nvidia_ml_py_and_the_stub_library(stub, tmp_path):
         assert s["ecc_volatile_uncorrected"] == k and s["row_remap_pending"] == k
         assert s["throttle_reasons"] == (0x8 if k == 0 else 0)
         assert s["retired_pages_pending"] == 0
+        # the GPU's own run recorded its telemetry beside its result: start, publication, end
+        own = TF.read(g["telemetry_file"])
+        assert own["gpu"]["uuid"] == g["uuid"] and own["available"]
+        assert [x["phase"] for x in own["samples"]] == ["start", "publication", "end"]
+        assert own["samples"][-1]["readings"]["temperature_c"] == 40 + k
     table = subprocess.run([sys.executable, "-m", "coppelius.cli", "node", "--profile", "tiny",
                             "--steps", "1", "--work", str(tmp_path / "t")], cwd=ROOT, env=env,
                            capture_output=True, text=True, timeout=TIMEOUT_S)
