@@ -1,5 +1,6 @@
 """H200 cost model of a launch list: per launch, the largest of its tensor, SM-pipe, L2,
-HBM, mapped-host-memory and serial-chain times, plus a launch cost, in three scenarios.
+HBM, mapped-host-memory, serial-chain and replay times, plus a launch cost, in three scenarios;
+the graph replayed CTA by CTA; the figure's sensitivity to each input.
 
   .venv/bin/python -m tools.build_ptx --report [--json] [--measured FILE]
   .venv/bin/python -m tools.cost [--profile P] [--submission forward|update|final] [--json]
@@ -12,35 +13,42 @@ describes its programs: how many loop trips each makes, what one trip and the pr
 (MMA FLOPs, bytes loaded and stored, MUFU and ALU operations, dependent waits), the unique HBM
 bytes of the launch, and what it reads or writes in mapped host memory (staging).  From that:
 
-  tensor  = ceil(P / 132) · FLOPs per program / (bf16 rate / 132)  — the busiest SM's MMA work
-            (or the largest program's).  k programs resident per SM share its tensor cores, so
-            this is rounds = ceil(P / (132·k)) rounds of k·FLOPs per SM, except that a last
-            partial round — or a grid under 132·k — is charged only the programs the busiest
-            SM really gets.
+  tensor  = ceil(P / H) · FLOPs per program / (bf16 rate / 132)  — the busiest SM's MMA work
+            (or the largest program's), H the SMs the grid holds (bounds.held_sms): the block
+            scheduler spreads a grid one CTA per SM first (inputs.PLACEMENT), so H = min(P, 132)
+            alone on the chip, and the programs resident on one SM share its tensor cores.
   pipes   = the same for the MUFU and ALU work (exp, division, compares): the SM's other pipes.
   l2      = every byte every program loads or stores / L2 bandwidth, and at least the busiest
             SM's bytes over one SM's L2 path.
   hbm     = unique bytes read + written / HBM bandwidth.
   pcie    = staging reads (bytes / PCIe bandwidth, or requests · latency / requests in flight,
             whichever is larger) + staging writes / bandwidth.
-  serial  = programs placed greedily, in blockIdx order, on 132·k slots (k from registers,
-            shared memory, threads, blocks per SM); each lasts prologue/epilogue + trips × one
-            trip, its parts overlapped as the scenario says.  The longest program's chain and
-            wave quantization both show here.  What waits on what inside a program is read off
+  serial  = programs placed as the block scheduler places them (sm_sim.py), k per SM at most
+            (k from registers, shared memory, threads, blocks per SM); each a loop phase (trips ×
+            one trip) then a prologue/epilogue phase, its parts overlapped as the scenario says;
+            the CTAs working on one SM share its throughput (inputs.SHARING), so CTAs released
+            together with the same work run in step — K loops together, then epilogues
+            together.  The longest program's chain and wave quantization both show here.  What waits on what inside a program is read off
             the kernel's PTX (ptx_chain.py): a tile's dependent round trips (each load issued
             after a store or barrier that waited for an earlier load: weight_grad's AdamW
             epilogue has 24 per tile, and the K loop's fill one more) at HBM_LATENCY each, its
             CTA-wide barriers at PHASE each, and its issue slots (ptx_ops.py: div.rn/sqrt.rn as
             ptxas expands them) on the SM's pipes — added, since each waits for the one before.
+  replay  = serial with each phase asking the chip's L2 and HBM for its own bytes (the loops'
+            the operands, the epilogues' their own output and state): CTAs in step ask at once,
+            so a launch whose loops outrun L2 (or whose epilogues outrun HBM) takes longer than
+            its bytes spread evenly would.  It is the launch alone as the graph replays it.
   launch  = max(the bounds above) + the launch cost inside a graph.
   hbm     less the bytes a launch reads right after a predecessor wrote them (fresh.py): the
             scenario's L2_RESIDENT of them hit L2 while they fit in it (L2_BYTES).
 
 The graph (lanes.py, sm_sim.py) is replayed CTA by CTA on 132 SMs: each launch's CTAs are its
-programs' chains stretched to its per-launch time, placed as registers and shared memory free up
-(a CTA that fills an SM needs an empty one), the plan's priority lane's grids first, then in
-launch order, programmatic edges' CTAs resident at their wait, HBM and L2 shared.  It reports each lane's start
-and end and the critical lane.
+programs' phases, placed as registers and shared memory free up (a CTA that fills an SM needs an
+empty one), the plan's priority lane's grids first, then in launch order, programmatic edges'
+CTAs resident at their wait, each SM's throughput shared by the CTAs on it (of either lane), HBM
+and L2 shared by all.  It reports each lane's start and end and the critical lane.  The
+sensitivity analysis (sensitivity.py) replays it again with each input alone at its optimistic
+and its pessimistic value.
 
 Every input is a named constant in inputs.py with its source (a datasheet, a measurement in
 /work/.library/device/KINDS.md, or a stated assumption); what each kernel does is in the family
@@ -56,12 +64,13 @@ The modules, each importing only those above it:
   ptx_chain.py     per kernel, its dependent round trips per tile (Chain), from kernels_ptx/
   kernels*.py      the kernel families' entries, registered in kernels.REGISTRY
   kernel_stats.py  ptxas -v on the committed PTX; occupancy
-  bounds.py        one launch's bounds in one scenario, on some SMs
+  sm_sim.py        the block scheduler: grids' CTAs on 132 SMs, event by event, SMs shared
+  bounds.py        one launch's bounds in one scenario, on some SMs; its CTAs' phases
   fresh.py         bytes a launch reads that its predecessors just wrote (plan/launches/regions.py)
   per_launch.py    each launch alone on the chip (LaunchCost), a submission's list (model)
-  sm_sim.py        the block scheduler: grids' CTAs on 132 SMs, event by event
   lanes.py         the submission's graph replayed on two lanes (per lane start, end, critical)
-  sections.py      the report's lanes and round-trip sections
+  sensitivity.py   the graph with each input moved alone (the tornado table), the placement what-if
+  sections.py      the report's lanes, round-trip and sensitivity sections
   table.py         buckets, floors, the JSON and the markdown table
   measured.py      the device check's per-launch table beside the model
   report.py        all of it for one submission (report); __main__.py its command line

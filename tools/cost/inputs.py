@@ -34,7 +34,23 @@ class Range:
     source: str
 
     def __getitem__(self, scenario: str) -> float:
+        for r, to in getattr(scenario, "moved", ()):
+            if r is self:
+                return getattr(self, to)
         return getattr(self, scenario)
+
+
+class Scenario(str):
+    """A scenario with some inputs moved to another scenario's value (the sensitivity analysis,
+    tools/cost/sensitivity.py): it is its base scenario's name everywhere else (a key of every
+    per-scenario table, the overlap rule of bounds.step_time), and each Range it indexes answers
+    with the moved value where `moved` names it — ((Range, "optimistic" | "pessimistic"), ...)."""
+    moved: tuple = ()
+
+    def __new__(cls, base: str, moved=()):
+        s = super().__new__(cls, base)
+        s.moved = tuple(moved)
+        return s
 
 
 BF16_FLOPS = Range(
@@ -49,26 +65,36 @@ HBM_BW = Range(
 L2_BW = Range(
     10e12, 7.5e12, 5.5e12,
     "assumption (not measured here; NVIDIA publishes no H100/H200 figure): optimistic is A100's "
-    "whitepaper 5,120 B/clk at 1.98 GHz; pessimistic allows for traffic across the two L2 halves")
+    "whitepaper 5,120 B/clk at 1.98 GHz; pessimistic allows for traffic across the two L2 halves "
+    "and a clock that falls under L2 load (Chips and Cheese, 'Nvidia's H100: Funny L2, and Tons "
+    "of Bandwidth', 2023-07-02: the L2 split in two partitions, an H100 PCIe's clock down to "
+    "1,395 of 1,755 MHz, power-limited, when pulling data from L2).  The update's L2 floor moves "
+    "with it alone (the report's sensitivity table)")
 SM_L2_BW = Range(
     64 * CLOCK_HZ, 48 * CLOCK_HZ, 32 * CLOCK_HZ,
     "assumption: one SM's L1↔L2 path, 64 B/clk (optimistic), 48, 32 (far L2 half) at 1.98 GHz")
 L2_LATENCY = Range(0.15e-6, 0.25e-6, 0.4e-6,
                    "assumption: a dependent load that hits L2 (≈300–800 cycles, near/far half)")
-HBM_LATENCY = Range(0.45e-6, 0.6e-6, 0.9e-6,
-                    "assumption: one dependent round trip to device memory while the chip streams "
-                    "(a load that misses L2, issued after the store or barrier it waits for: the "
-                    "PTX pass's levels, ptx_chain.py), ≈0.9–1.8 k cycles; central 0.6 µs is the "
-                    "performance brief's figure for a loaded chip, optimistic a quiet one, "
-                    "pessimistic queues behind the other lane's streams.  Charged for every "
-                    "round trip of a tile's chain, fresh (L2-resident) data included")
+HBM_LATENCY = Range(0.35e-6, 0.6e-6, 0.9e-6,
+                    "one dependent round trip to device memory (a load that misses L2, issued "
+                    "after the store or barrier it waits for: the PTX pass's levels, "
+                    "ptx_chain.py).  Optimistic: an unloaded pointer chase on Hopper, ~690 cycles "
+                    "≈ 0.35 µs (published Hopper microbenchmarks' figure; not "
+                    "measured here); central 0.6 µs assumes ~1.7× that while the chip streams "
+                    "(the performance brief's figure for a loaded chip); pessimistic 0.9 µs "
+                    "queues behind the other lane's streams.  Charged for every round trip of a "
+                    "tile's chain, fresh (L2-resident) data included")
 PHASE = Range(0.02e-6, 0.04e-6, 0.08e-6,
               "assumption: one dependent wait inside a trip — wgmma issue→wait, or a cross-warp "
               "reduction through shared memory with a barrier (≈40–160 cycles)")
 DEP_OP_CYCLES = Range(4, 8, 12, "assumption: latency of one dependent fp32/fp64 op on the chain")
-LAUNCH = Range(1.5e-6, 2.5e-6, 3.5e-6,
-               "HELPER_GUIDE: per launch inside a CUDA graph (gap, ramp, tail); "
-               "docs/PERFORMANCE.md's kernels section found no published per-node figure")
+LAUNCH = Range(1.3e-6, 2.5e-6, 3.5e-6,
+               "per launch inside a CUDA graph on a full edge (the gap, ramp and tail between "
+               "dependent kernels).  Optimistic: ~1.3 µs a kernel, published H100 measurements "
+               "under CUDA graphs (a published figure; not measured here); central 2.5 µs and "
+               "pessimistic 3.5 µs: the performance brief's assumption (HELPER_GUIDE).  In the "
+               "graph only the full edges pay it (the programmatic ones pay LAUNCH_PDL; the "
+               "report counts both); the device check's graph with every edge full measures it")
 LAUNCH_PDL = Range(
     0.7e-6, 1.2e-6, 2.5e-6,
     "assumption, for an edge captured programmatically (plan/launches/graph.programmatic): the next "
@@ -115,6 +141,24 @@ STREAM_PRIORITY = (
     "capture stream's priority only when it is instantiated with "
     "CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY (cuGraphInstantiateWithFlags: otherwise "
     "every node runs at the priority of the stream the graph is launched into)")
+
+PLACEMENT = (
+    "assumption, from Gilman, Ogden, Guo and Walls, 'Demystifying the Placement Policies of the "
+    "NVIDIA GPU Thread Block Scheduler for Concurrent Kernels' (SIGMETRICS PER, 2020; Pascal, "
+    "Volta, Turing, not Hopper): the scheduler picks the next SM by its free resources, not "
+    "round-robin; the model's block scheduler (sm_sim.py) places each CTA on the SM that takes "
+    "the most of its grid's CTAs, so a grid on an idle chip spreads one CTA per SM before any SM "
+    "gets two (a 130-CTA weight gradient alone holds 130 SMs, not 65), and the SMs freed at one "
+    "instant take the next CTAs together.  The report's what-if packs every grid instead "
+    "(ceil(CTAs / CTAs per SM) SMs: sensitivity.py `packed_us`)")
+SHARING = (
+    "assumption: the CTAs working on one SM share its tensor cores, its other pipes and its "
+    "L1↔L2 path (one SM's wgmma, MUFU/ALU issue and L1 bandwidth are the SM's, whichever CTA "
+    "issues).  Each phase of a CTA asks the SM its throughput time over its time alone "
+    "(bounds.step_parts); while the working CTAs' asks add up to at most one each runs at full "
+    "rate (one's dependent waits are the others' issue slots), past one all slow by the sum.  "
+    "Not measured: the device check's per-launch and graph timings test it (the claim: two "
+    "identical CTAs at 2 per SM take ~2× one CTA's K loop; none hides the other's epilogue)")
 
 L2_BYTES = 60e6                   # KINDS.md: PyTorch reported 60 MB of L2 on this H200
 

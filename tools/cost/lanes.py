@@ -3,18 +3,19 @@
 The update's weight-gradient launches (AdamW in their epilogues) run on a side lane, concurrent
 with the main lane's critical dx/dh chain (plan/launches/graph.py).  The per-launch model
 (per_launch.py) costs each launch alone on the whole chip; this module replays the graph on the
-block scheduler's terms (sm_sim.py): every launch's CTAs, each as long as its program's serial
-chain (bounds.durations) stretched so that the launch alone takes what the per-launch model
-says (its binding bound: tensor, pipes, L2, HBM or the chain itself), placed on SMs as their
-registers and shared memory free up, the grids of the plan's priority lane
-(plan/launches/graph.PRIORITY_LANE, the stream the cuda backend captures it on) ahead of the
-other's, then in launch order; a programmatic edge lets a grid's CTAs sit resident at their wait;
-HBM and L2 bandwidth shared.
+block scheduler's terms (sm_sim.py): every launch's CTAs, each its program's phases (its loop,
+then its prologue/epilogue: bounds.cta_phases), placed on SMs as their registers and shared
+memory free up, the grids of the plan's priority lane (plan/launches/graph.PRIORITY_LANE, the
+stream the cuda backend captures it on) ahead of the other's, then in launch order; a
+programmatic edge lets a grid's CTAs sit resident at their wait; the CTAs working on an SM share
+its tensor cores, pipes and L1↔L2 path (whichever lane they belong to), and every CTA the HBM
+and L2 bandwidth.
 
-Nothing reserves SMs for a lane: a side-lane CTA that fills an SM waits for an empty one, and
-while it waits the grids behind it in dispatch order wait too (or, with `backfill`, take what it
-cannot use).  Per lane the result gives when its first launch could start and when its last one
-ended, and which lane the graph's last launch waited for last: the critical one.  The summary
+Nothing reserves SMs for a lane: a side-lane CTA waits for an SM with room for its registers
+and shared memory, and while it waits the grids behind it in dispatch order wait too (or, with
+`backfill`, take what it cannot use).  Per lane the result gives when its first launch could
+start and when its last one ended, and which lane the graph's last launch waited for last: the
+critical one.  The summary
 also replays the graph with no stream priority and with the priority on each lane: the choices
 PRIORITY_LANE is made from.
 """
@@ -27,7 +28,7 @@ from coppelius.plan.launches import graph as launch_graph
 from coppelius.plan import launches
 from coppelius.plan.launches.types import LANES, MAIN_LANE, SIDE_LANE
 
-from tools.cost.bounds import durations, hbm_bytes
+from tools.cost.bounds import cta_phases, pcie_time, serial_time
 from tools.cost.inputs import HBM_BW, L2_BW, LAUNCH, LAUNCH_PDL, SCENARIOS
 from tools.cost.sm_sim import Grid, Sim, footprint
 
@@ -47,20 +48,26 @@ class LaneTimes:
     critical: str                  # the lane the graph's last launch waited for last
 
 
-def grid(launch, cost, s: str, rank: int = 0) -> Grid:
-    """One launch for the schedule: its programs' chains stretched to its per-launch time;
-    `rank`: its stream's priority rank (launch_graph.priority_ranks)."""
+def grid(launch, cost, s: str, rank: int = 0, pack: bool = False) -> Grid:
+    """One launch for the schedule: its programs' phases (bounds.cta_phases: seconds, the share
+    of an SM each keeps busy, HBM and L2 bytes), which the replay runs on the SMs they share and
+    the bandwidth they share — the launch's tensor, pipes, L2 and HBM bounds come out of that —
+    stretched only where mapped host memory binds it (the replay does not share PCIe: the
+    stretch is latency, so its share of the SM falls); `rank`: its stream's priority rank
+    (launch_graph.priority_ranks); `pack`: the what-if placement (sm_sim.py)."""
     if cost.function == NOOP:
         return Grid(launch.label, launch.lane, (0.0,), footprint(1, 1, 0), launch_s=LAUNCH[s],
                     priority=rank)
-    work = cost.work
-    ctas = [d for g in work.programs for d in durations(g, s)]
-    bound = cost.us[s] * 1e-6 - LAUNCH[s]
-    serial = cost.bounds_us["serial"][s] * 1e-6
-    stretch = bound / serial if serial > 0 else 1.0
-    return Grid(launch.label, launch.lane, tuple(d * stretch for d in ctas),
-                footprint(cost.regs, cost.threads, cost.smem), hbm_bytes(work, s), cost.l2_bytes,
-                cost.programmatic, LAUNCH[s], LAUNCH_PDL[s], rank)
+    ctas = cta_phases(cost.work, s)
+    pcie = pcie_time(cost.work, s) if cost.work.staging else 0.0
+    serial = serial_time(cost.work, cost.per_sm, s) if pcie else 0.0
+    if serial > 0 and pcie > serial:
+        k = pcie / serial
+        ctas = tuple(tuple(p._replace(seconds=p.seconds * k, share=p.share / k) for p in c)
+                     for c in ctas)
+    return Grid(launch.label, launch.lane, ctas, footprint(cost.regs, cost.threads, cost.smem),
+                programmatic=cost.programmatic, launch_s=LAUNCH[s], pdl_s=LAUNCH_PDL[s],
+                priority=rank)
 
 
 def noop_cost(cost):
@@ -84,14 +91,16 @@ def _lanes(sub, r) -> tuple[dict, str]:
     return out, LANE_NAMES[sub.launches[waited].lane]
 
 
-def schedule(sub, costs, s: str, backfill: bool = False, priority_lane=PLAN) -> LaneTimes:
+def schedule(sub, costs, s: str, backfill: bool = False, priority_lane=PLAN,
+             pack: bool = False) -> LaneTimes:
     """Replay submission `sub` (its launches, lanes and deps) in scenario s, the lane
-    `priority_lane` (PLAN: the plan's; None: no stream priority) on the higher-priority stream."""
+    `priority_lane` (PLAN: the plan's; None: no stream priority) on the higher-priority stream;
+    `pack`: each SM takes as many of a grid's CTAs as fit before the next (a what-if)."""
     if priority_lane == PLAN:
         priority_lane = launch_graph.PRIORITY_LANE
     ranks = launch_graph.priority_ranks(priority_lane)
-    grids = [grid(x, c, s, ranks[x.lane]) for x, c in zip(sub.launches, costs)]
-    r = Sim(grids, sub.deps, HBM_BW[s], L2_BW[s], backfill).run()
+    grids = [grid(x, c, s, ranks[x.lane], pack) for x, c in zip(sub.launches, costs)]
+    r = Sim(grids, sub.deps, HBM_BW[s], L2_BW[s], backfill, pack=pack).run()
     lanes, critical = _lanes(sub, r)
     return LaneTimes(r.makespan, r.end, r.ready, r.placed, r.start, lanes, critical)
 

@@ -1,5 +1,6 @@
-"""Two sections of the cost model's text report: the lanes as the schedule replays them, and the
-per-kernel table of dependent round trips the PTX pass counts."""
+"""Sections of the cost model's text report: the lanes as the schedule replays them, the
+per-kernel table of dependent round trips the PTX pass counts, and the figure's sensitivity to
+its inputs."""
 from __future__ import annotations
 
 from tools.cost.inputs import L2_RESIDENT, LAUNCH, LAUNCH_PDL, SCENARIOS
@@ -34,9 +35,10 @@ def lanes_text(costs, lane: dict) -> str:
         + f"; the {c['critical']} lane is critical.  Each lane's launches alone add up to "
         f"{c['main_lane_alone_us']:.0f} µs (main) and {c['side_lane_alone_us']:.0f} µs (side); "
         f"the side lane's launches waited {c['side_waited_us']:.0f} µs in all from their launch "
-        "until their last CTA had an SM (a weight-gradient CTA needs an empty SM, and grids "
-        f"dispatch {_dispatch_order(c)}).  Were later grids allowed to take the SMs the first "
-        f"cannot use (backfill) the graph would end at {c['backfill_graph_us']:.0f} µs.", "",
+        "until their last CTA had an SM (a CTA waits for an SM with room for its registers and "
+        f"shared memory, and grids dispatch {_dispatch_order(c)}).  Were later grids allowed to "
+        "take the SMs the first cannot use (backfill) the graph would end at "
+        f"{c['backfill_graph_us']:.0f} µs.", "",
         *rows, "",
         f"Programmatic edges: {c['programmatic_edges']} of {len(costs)} launches follow their "
         f"lane's previous launch programmatically (resident at their wait, working "
@@ -60,4 +62,46 @@ def round_trips_table(rows: list[dict]) -> str:
         out.append(f"| {r['kernel']} | {r['function']} | {r['launches']} | {r['tile']} | "
                    f"{r['fill']} | {r['epilogue']} | {r['prologue']} | {r['per_trip']:g} | "
                    f"{r['epilogue_slots']} ({r['epilogue_mufu']}) | {r['epilogue_barriers']} |")
+    return "\n".join(out)
+
+
+def _value(x: float) -> str:
+    """An input's value as the tornado table shows it: seconds in µs, rates in T/s or G/s."""
+    if 0 < x < 1e-3:
+        return f"{x * 1e6:.3g} µs"
+    if x >= 1e11:
+        return f"{x / 1e12:.3g} T/s"
+    if x >= 1e8:
+        return f"{x / 1e9:.3g} G/s"
+    return f"{x:.3g}"
+
+
+def sensitivity_text(sens: dict, floor: dict, launches: int, submission: str = "update") -> str:
+    """The figure with its input brackets and the tornado table (sensitivity.sensitivity)."""
+    rows = sens["rows"]
+    by = {r["input"]: r for r in rows}
+    top = [r["input"] for r in rows[:3]]
+    brackets = "; ".join(
+        f"{name} {_value(by[name]['optimistic'])} / {_value(by[name]['pessimistic'])} → "
+        f"{by[name]['optimistic_us']:.0f} / {by[name]['pessimistic_us']:.0f} µs"
+        for name in sens["bracketed"] if name in by)
+    f = floor
+    out = [f"The {submission}'s central figure, {sens['central_us']:.0f} µs over {launches} launches, "
+           f"with each input moved alone to its optimistic / pessimistic value: {brackets}.  The "
+           f"L2 floor is {f['optimistic']['l2']:.0f} / {f['central']['l2']:.0f} / "
+           f"{f['pessimistic']['l2']:.0f} µs at L2_BW's three values, the HBM floor "
+           f"{f['optimistic']['hbm']:.0f} / {f['central']['hbm']:.0f} / "
+           f"{f['pessimistic']['hbm']:.0f} µs at HBM_BW's.  The figure is most sensitive to "
+           + ", ".join(top) + f".  With every grid packed on the fewest SMs its occupancy allows "
+           f"(ceil(CTAs / CTAs per SM), not one CTA per SM first) it would be "
+           f"{sens['packed_us']:.0f} µs.", "",
+           f"Sensitivity (tools/cost/sensitivity.py): the {submission}, central, with one input at a "
+           "time at its optimistic or pessimistic value (inputs.py, each with its source), the "
+           "largest swing first.", "",
+           f"| input | optimistic | central | pessimistic | {submission} µs, optimistic | "
+           f"{submission} µs, pessimistic | swing µs |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['input']} | {_value(r['optimistic'])} | {_value(r['central'])} | "
+                   f"{_value(r['pessimistic'])} | {r['optimistic_us']:.0f} | "
+                   f"{r['pessimistic_us']:.0f} | {r['swing_us']:.0f} |")
     return "\n".join(out)

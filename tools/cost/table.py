@@ -6,7 +6,8 @@ from dataclasses import asdict, fields
 
 from tools.cost.inputs import BF16_FLOPS, HBM_BW, INPUTS, L2_BW, L2_RESIDENT, LAUNCH, LAUNCH_PDL, SCENARIOS
 from tools.cost.per_launch import LaunchCost
-from tools.cost.sections import lanes_text, round_trips_table
+from tools.cost.sections import lanes_text, round_trips_table, sensitivity_text
+from tools.cost.sensitivity import brackets
 
 
 def totals(costs) -> dict[str, float]:
@@ -35,7 +36,7 @@ def where_time_goes(costs, s: str = "central") -> dict[str, float]:
     """µs of the summed estimate by binding term, the launch costs apart."""
     out = {"launch": 0.0}
     for c in costs:
-        out[c.binding[s]] = out.get(c.binding[s], 0.0) + c.bounds_us[c.binding[s]][s]
+        out[c.binding[s]] = out.get(c.binding[s], 0.0) + c.us[s] - LAUNCH[s] * 1e6
         out["launch"] += LAUNCH[s] * 1e6
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
@@ -80,16 +81,25 @@ def launch_json(c: LaunchCost) -> dict:
 
 
 def to_json(costs, profile_name: str, target: str, submission: str, lane: dict,
-            floor: dict) -> dict:
-    """`<submission>_us`: the graph's time on two lanes; `lanes`: per lane its start and end and
-    which is critical (central), each scenario's replay under `scenarios`; `serial_sum_us`: every
-    launch alone, one after another (what the buckets and where_us add up to); `floors_us`: what
-    no schedule of these launches beats (`floors`); `round_trips`: per kernel, the PTX's
-    dependent round trips per tile."""
+            floor: dict, sens: dict) -> dict:
+    """`<submission>_us`: the graph's time on two lanes; `figure`: its central µs with the
+    brackets of the inputs it is quoted under (sensitivity.brackets), the launch count and the
+    L2 and HBM floors per scenario; `sensitivity`: the tornado table (sensitivity.sensitivity);
+    `lanes`: per lane its start and end and which is critical (central), each scenario's replay
+    under `scenarios`; `serial_sum_us`: every launch alone, one after another (what the buckets —
+    the per-family table — and where_us add up to); `floors_us`: what no schedule of these
+    launches beats (`floors`); `round_trips`: per kernel, the PTX's dependent round trips per
+    tile."""
     c = lane["central"]
     return {"profile": profile_name, "target": target, "submission": submission,
             "launches": len(costs),
             f"{submission}_us": {s: lane[s]["graph_us"] for s in SCENARIOS},
+            "figure": {"central_us": c["graph_us"], "launches": len(costs),
+                       "brackets": brackets(sens),
+                       "l2_floor_us": {s: floor[s]["l2"] for s in SCENARIOS},
+                       "hbm_floor_us": {s: floor[s]["hbm"] for s in SCENARIOS},
+                       "most_sensitive_to": [r["input"] for r in sens["rows"][:3]]},
+            "sensitivity": sens,
             "serial_sum_us": totals(costs),
             "lanes": {**c["lanes"], "critical": c["critical"], "scenarios": lane},
             "floors_us": floor, "round_trips": round_trips(costs),
@@ -103,7 +113,7 @@ def fmt_us(x: float) -> str:
 
 
 def table(costs, profile_name: str, target: str, submission: str, lane: dict,
-          floor: dict) -> str:
+          floor: dict, sens: dict) -> str:
     tot = totals(costs)
     out = [f"H200 cost model: {submission} submission, {profile_name}, {target} — "
            f"{len(costs)} launches (a prediction: nothing here was measured on a GPU)", "",
@@ -134,6 +144,7 @@ def table(costs, profile_name: str, target: str, submission: str, lane: dict,
             f"{BF16_FLOPS['central'] / 1e12:.0f} TFLOP/s), the longest lane's launch costs "
             f"{f['launches']:.0f} µs; the graph is {c['graph_us'] / f[top]:.2f}× its largest "
             f"({top})."]
+    out += ["", sensitivity_text(sens, floor, len(costs), submission)]
     w = where_time_goes(costs)
     out += ["", "Where the central estimate goes (µs, by each launch's binding term): "
             + ", ".join(f"{k} {v:.0f}" for k, v in w.items()) + "."]
