@@ -179,8 +179,8 @@ def test_a_run_that_goes_ahead_creates_its_files_and_says_one_step(fake, tmp_pat
     err = capsys.readouterr().err
     d = tmp_path / "coppelius-run"
     names = sorted(p.name for p in d.iterdir())
-    assert names == ["tiny-result-c0.bin", f"tiny{synthetic.STREAM_SUFFIX}", "tiny.ckpt",
-                     "tiny.ckpt.lock"], names
+    assert names == ["tiny-result-c0.bin", "tiny-result-c0.bin.telemetry.json",
+                     f"tiny{synthetic.STREAM_SUFFIX}", "tiny.ckpt", "tiny.ckpt.lock"], names
     assert "c0=0, 1 step," in err, err
     assert "completed: 1/1 step, update count 1, 1 publication," in err, err
 
