@@ -65,6 +65,7 @@ The modules, each importing only those above it:
   kernels*.py      the kernel families' entries, registered in kernels.REGISTRY
   kernel_stats.py  ptxas -v on the committed PTX; occupancy
   sm_sim.py        the block scheduler: grids' CTAs on 132 SMs, event by event, SMs shared
+  sm_clocks.py     the SMs' side of it: free footprints, clocks, shared rates, HBM/L2 asks
   bounds.py        one launch's bounds in one scenario, on some SMs; its CTAs' phases
   fresh.py         bytes a launch reads that its predecessors just wrote (plan/launches/regions.py)
   per_launch.py    each launch alone on the chip (LaunchCost), a submission's list (model)

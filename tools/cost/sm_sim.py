@@ -51,6 +51,7 @@ from typing import NamedTuple
 
 from tools.cost.inputs import (BLOCKS_PER_SM, REG_ALLOC_UNIT, REGS_PER_SM, SMEM_ALLOC_UNIT, SMEM_PER_SM,
                      SMEM_RESERVED, SMS, SUBPARTITIONS, THREADS_PER_SM)
+from tools.cost.sm_clocks import AT, END, GRID, PHASES, SmClocks
 from tools.cost.work import cdiv
 
 CAPACITY = (REGS_PER_SM // SUBPARTITIONS,) * SUBPARTITIONS + (SMEM_PER_SM, THREADS_PER_SM,
@@ -156,11 +157,6 @@ class _GridState:
         self.waiting: list[int] = []             # SMs of CTAs resident at their wait
 
 
-# a CTA working on an SM: [phase end on the SM's clock, share, HBM B/s, L2 B/s, grid, its
-# phases, the phase it is in]
-_END, _SHARE, _HBM, _L2, _GRID, _PHASES, _AT = range(7)
-
-
 class Sim:
     """One replay of grids `grids` with predecessors `deps` (indices, the lane's previous first)."""
 
@@ -168,27 +164,14 @@ class Sim:
                  sms: int = SMS, pack: bool = False):
         self.grids, self.deps, self.backfill, self.pack = grids, deps, backfill, pack
         self.hbm_bw, self.l2_bw = hbm_bw, l2_bw
-        self.free = [list(CAPACITY) for _ in range(sms)]
         self.st = [_GridState(g, i) for i, g in enumerate(grids)]
         self.after = [[] for _ in grids]
         for i, ds in enumerate(deps):
             for j in ds:
                 self.after[j].append(i)
         self.t = self.v = 0.0                     # real and virtual (work) time
-        self.ask_hbm = self.ask_l2 = 0.0
-        # per SM: its clock (work done at full rate by each of its CTAs), the virtual time it
-        # was read at, its rate (1, or 1 / the shares' sum), the CTAs working on it, what they
-        # ask of HBM and L2 at that rate, and a version that retires its stale end events
-        self.clock = [0.0] * sms
-        self.read_at = [0.0] * sms
-        self.speed = [1.0] * sms
-        self.on = [[] for _ in range(sms)]
-        self.asks = [(0.0, 0.0)] * sms
-        self.version = [0] * sms
-        self.dirty: list[int] = []
-        self.is_dirty = [False] * sms
+        self.sm = SmClocks(sms, CAPACITY)
         self.freed: list[int] = []                # SMs whose CTAs ended at this instant
-        self.work: list = []                      # (virtual end, seq, sm, version)
         self.timed: list = []                     # (time, seq, kind, grid)
         self.seq = 0
         self.queue: list = []                     # grids that may place CTAs, dispatch order
@@ -208,14 +191,6 @@ class Sim:
         self.seq += 1
         heapq.heappush(self.timed, (t, self.seq, kind, i))
 
-    def _rate(self) -> float:
-        r = 1.0
-        if self.ask_hbm > self.hbm_bw:
-            r = self.hbm_bw / self.ask_hbm
-        if self.ask_l2 > self.l2_bw:
-            r = min(r, self.l2_bw / self.ask_l2)
-        return r
-
     def _consider(self, i: int) -> None:
         """Schedule grid i's launch once what it waits for allows it."""
         if self.scheduled[i]:
@@ -231,56 +206,16 @@ class Sim:
         self._push_timed(max(t, self.t), "ready", i)
 
     # -- one SM's CTAs
-    def _read(self, sm: int) -> None:
-        """Bring SM `sm`'s clock to the present virtual time."""
-        dv = self.v - self.read_at[sm]
-        if dv:
-            self.clock[sm] += dv * self.speed[sm]
-            self.read_at[sm] = self.v
-        if not self.is_dirty[sm]:
-            self.is_dirty[sm] = True
-            self.dirty.append(sm)
-
-    def _settle(self) -> None:
-        """Each SM whose CTAs changed: its rate, its asks of HBM and L2, its next phase end."""
-        for sm in self.dirty:
-            self.is_dirty[sm] = False
-            on = self.on[sm]
-            shares = hbm = l2 = 0.0
-            for c in on:
-                shares += c[_SHARE]
-                hbm += c[_HBM]
-                l2 += c[_L2]
-            speed = 1.0 if shares <= 1.0 else 1.0 / shares
-            hbm, l2 = speed * hbm, speed * l2
-            old = self.asks[sm]
-            self.ask_hbm += hbm - old[0]
-            self.ask_l2 += l2 - old[1]
-            self.asks[sm] = (hbm, l2)
-            self.speed[sm] = speed
-            self.version[sm] += 1
-            if on:
-                first = min(c[_END] for c in on)
-                self.seq += 1
-                heapq.heappush(self.work, (self.read_at[sm] + max(0.0, first - self.clock[sm]) / speed,
-                                           self.seq, sm, self.version[sm]))
-        self.dirty = []
-
-    def _enter(self, c: list, sm: int) -> None:
-        """CTA `c` starts its phase c[_AT] on SM `sm` (whose clock is read)."""
-        seconds, share, hbm, l2 = c[_PHASES][c[_AT]]
-        c[_END], c[_SHARE], c[_HBM], c[_L2] = self.clock[sm] + seconds, share, hbm, l2
-
     def _begin(self, i: int, sm: int) -> None:
         s = self.st[i]
         k = s.started
         s.started += 1
         if self.start[i] is None:
             self.start[i] = self.t
-        self._read(sm)
+        self.sm.read(sm, self.v)
         c = [0.0, 0.0, 0.0, 0.0, i, s.ctas[k], 0]
-        self._enter(c, sm)
-        self.on[sm].append(c)
+        self.sm.enter(c, sm)
+        self.sm.on[sm].append(c)
         if s.started == len(s.g.ctas):
             self.trigger[i] = self.t
             for d in self.after[i]:
@@ -288,34 +223,30 @@ class Sim:
 
     def _phase_end(self, sm: int) -> None:
         """The CTAs on SM `sm` whose phase ends now: on to the next phase, or done."""
-        self._read(sm)
-        on = self.on[sm]
-        first = min(c[_END] for c in on)
-        if self.clock[sm] < first:
-            self.clock[sm] = first
-        now = self.clock[sm] + INSTANT
+        clocks = self.sm
+        clocks.read(sm, self.v)
+        on = clocks.on[sm]
+        first = min(c[END] for c in on)
+        if clocks.clock[sm] < first:
+            clocks.clock[sm] = first
+        now = clocks.clock[sm] + INSTANT
         finished = []
         for c in on:
-            if c[_END] <= now:
-                c[_AT] += 1
-                if c[_AT] < len(c[_PHASES]):
-                    self._enter(c, sm)
+            if c[END] <= now:
+                c[AT] += 1
+                if c[AT] < len(c[PHASES]):
+                    clocks.enter(c, sm)
                 else:
                     finished.append(c)
         if finished:
-            self.on[sm] = [c for c in on if c[_AT] < len(c[_PHASES])]
+            clocks.on[sm] = [c for c in on if c[AT] < len(c[PHASES])]
             for c in finished:
-                self._finish(c[_GRID], sm)
+                self._finish(c[GRID], sm)
 
     # -- placement
-    def _fits(self, sm: int, n) -> bool:
-        f = self.free[sm]
-        return (f[0] >= n[0] and f[1] >= n[1] and f[2] >= n[2] and f[3] >= n[3] and f[4] >= n[4]
-                and f[5] >= n[5] and f[6] >= n[6])
-
     def _place(self, i: int, sm: int) -> None:
         s = self.st[i]
-        _add(self.free[sm], s.g.need, -1)
+        _add(self.sm.free[sm], s.g.need, -1)
         s.next += 1
         if s.next == len(s.g.ctas):
             self.placed[i] = self.t
@@ -323,11 +254,6 @@ class Sim:
             self._begin(i, sm)
         else:
             s.waiting.append(sm)
-
-    def _room(self, sm: int, need) -> int:
-        """How many more CTAs of footprint `need` SM `sm` takes."""
-        f = self.free[sm]
-        return min(f[k] // need[k] for k in range(len(need)) if need[k])
 
     def _fill(self, sms) -> None:
         """Place CTAs on `sms` from the grids allowed to (the first in launch order; with
@@ -342,10 +268,10 @@ class Sim:
             n, need = len(s.g.ctas), s.g.need
             if self.pack:
                 for sm in sms:
-                    while s.next < n and self._fits(sm, need):
+                    while s.next < n and self.sm.fits(sm, need):
                         self._place(i, sm)
                 continue
-            room = [(-r, sm) for sm in sms if s.next < n and (r := self._room(sm, need)) > 0]
+            room = [(-r, sm) for sm in sms if s.next < n and (r := self.sm.room(sm, need)) > 0]
             heapq.heapify(room)
             while room and s.next < n:
                 r, sm = heapq.heappop(room)
@@ -355,7 +281,7 @@ class Sim:
         while self.queue and self.st[self.queue[0]].next == len(self.grids[self.queue[0]].ctas):
             self.queue.pop(0)
             if not self.backfill and self.queue:
-                self._fill(range(len(self.free)))
+                self._fill(range(len(self.sm.free)))
 
     def _enqueue(self, i: int) -> None:
         """Grid i joins the dispatch queue behind every grid of its priority or a higher one and
@@ -368,7 +294,7 @@ class Sim:
     # -- the loop
     def _finish(self, i: int, sm: int) -> None:
         s = self.st[i]
-        _add(self.free[sm], s.g.need, 1)
+        _add(self.sm.free[sm], s.g.need, 1)
         s.done += 1
         if s.done == len(s.g.ctas):
             self.end[i] = self.t
@@ -382,7 +308,7 @@ class Sim:
         if kind == "ready":
             self.ready[i] = self.t
             self._enqueue(i)
-            self._fill(range(len(self.free)))
+            self._fill(range(len(self.sm.free)))
         else:                                       # release: the wait returns
             s = self.st[i]
             s.released = True
@@ -394,17 +320,16 @@ class Sim:
         for i in range(len(self.grids)):
             self._consider(i)
         while True:
-            while self.work and self.work[0][3] != self.version[self.work[0][2]]:
-                heapq.heappop(self.work)              # an end its SM has since moved
-            rate = self._rate()
-            t_work = (self.t + max(0.0, self.work[0][0] - self.v) / rate) if self.work else float("inf")
+            nxt = self.sm.next_end()
+            rate = self.sm.rate(self.hbm_bw, self.l2_bw)
+            t_work = (self.t + max(0.0, nxt[0] - self.v) / rate) if nxt else float("inf")
             t_next = min(t_work, self.timed[0][0] if self.timed else float("inf"))
             if self.freed and t_next > self.t + INSTANT:
                 # the SMs freed at this instant take the waiting CTAs together (CTAs that end in
                 # step free their SMs at once: the next ones spread over all of them)
                 freed, self.freed = sorted(set(self.freed)), []
                 self._fill(freed)
-                self._settle()
+                self.sm.settle()
                 continue
             if t_next == float("inf"):
                 break
@@ -414,10 +339,10 @@ class Sim:
                 self.t = t
                 self._on_timed(kind, i)
             else:
-                v_end, _, sm, _ = heapq.heappop(self.work)
+                v_end, _, sm, _ = heapq.heappop(self.sm.work)
                 self.v, self.t = max(self.v, v_end), t_work
                 self._phase_end(sm)
-            self._settle()
+            self.sm.settle()
         if any(e is None for e in self.end):
             stuck = [self.grids[i].label for i, e in enumerate(self.end) if e is None]
             raise ValueError(f"the schedule never ran {stuck[:4]}: a dependency cycle, or a CTA "
