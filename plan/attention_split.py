@@ -1,12 +1,15 @@
-"""How the attention launches cut their work into programs (plain data, no Triton): the chunks of
-the forward and of the dK/dV backward in program order, and the partial buffers they fill.
+"""How the attention launches cut their work into programs (plain data, no Triton): the forward's
+programs, the chunks of the dK/dV backward in program order, and the partial buffer they fill.
 
 The kernels (plan/kernels/attention.py) decode their program id with the same arithmetic; the
 builders, the buffer sizes, the cost model and the tests read it from here.
 
-Forward: query block m (BLOCK_M rows) visits kv blocks 0 .. kv_blocks(m) − 1; chunk c of it is
-kv blocks [c·FWD_CHUNK, (c+1)·FWD_CHUNK) ∩ that range.  Programs: query blocks from the last
-(the most chunks) to the first, chunks in kv order, heads fastest.
+Forward (one launch, no partials): query block m (BLOCK_M rows) of head h visits key blocks of
+fwd_block_n rows 0 .. fwd_trips(m) − 1, its whole causal range, in one program.  Programs: query
+blocks from the first (the shortest rows) to the last, heads fastest.  (Q·H programs fit the chip
+at once, so the order balances no rounds; placed early beside the previous grid's CTAs, the first
+programs are the ones that may share an SM, and short ones leave it soon: docs/PERFORMANCE.md,
+fused attention forward, the cost model's lane replay.)
 dK/dV backward: kv block n (BLOCK_N rows) of kv head g visits the (query head j, query block m)
 pairs j = 0 .. GROUP−1 (head order), m = first_q(n) .. Q−1 — GROUP·(Q − first_q(n)) trips; chunk
 c of it is trips [c·BWD_CHUNK, (c+1)·BWD_CHUNK).  Programs: kv blocks from the first (the most
@@ -24,10 +27,10 @@ from coppelius.plan.ints import cdiv
 class AttentionSplit:
     T: int
     block_m: int
-    block_n: int
+    block_n: int                    # kv rows per block of the backward (dK/dV, dQ)
     heads: int
     kv_heads: int
-    fwd_chunk: int                  # kv blocks per forward program
+    fwd_block_n: int                # key rows per trip of the forward
     bwd_chunk: int                  # (query head, query block) trips per dK/dV program
 
     @property
@@ -43,29 +46,15 @@ class AttentionSplit:
         return self.heads // self.kv_heads
 
     # -- forward
-    def fwd_kv_blocks(self, m: int) -> int:
-        """kv blocks query block m visits (the causal range, diagonal included)."""
-        return cdiv((m + 1) * self.block_m, self.block_n)
+    def fwd_trips(self, m: int) -> int:
+        """Key blocks of fwd_block_n rows query block m visits (its causal range, diagonal
+        included; the last block's keys past the rows are masked)."""
+        return cdiv((m + 1) * self.block_m, self.fwd_block_n)
 
-    def fwd_chunks(self, m: int) -> int:
-        return cdiv(self.fwd_kv_blocks(m), self.fwd_chunk)
-
-    def fwd_programs(self) -> list[tuple[int, int, int]]:
-        """(query block, chunk, head) of each forward program, in program-id order."""
-        return [(m, c, h) for m in reversed(range(self.q_blocks)) for c in range(self.fwd_chunks(m))
-                for h in range(self.heads)]
-
-    def fwd_chunk_trips(self, m: int, c: int) -> int:
-        return min(self.fwd_chunk, self.fwd_kv_blocks(m) - c * self.fwd_chunk)
-
-    @property
-    def fwd_slots(self) -> int:
-        """Partial slots of the forward: the most chunks of any query block (the last)."""
-        return self.fwd_chunks(self.q_blocks - 1)
-
-    def fwd_merge_programs(self) -> list[tuple[int, int]]:
-        """(query block, head) of each attention_fwd_merge program: the last query block first."""
-        return [(m, h) for m in reversed(range(self.q_blocks)) for h in range(self.heads)]
+    def fwd_programs(self) -> list[tuple[int, int]]:
+        """(query block, head) of each attention_fwd program, in program-id order: the first
+        query block (the fewest trips) first."""
+        return [(m, h) for m in range(self.q_blocks) for h in range(self.heads)]
 
     # -- dK/dV backward
     def first_q(self, n: int) -> int:
@@ -94,6 +83,11 @@ class AttentionSplit:
         """Partial slots of dK/dV: the most chunks of any kv block (the first)."""
         return self.dkdv_chunks(0)
 
+    # -- dQ + dK/dV merge
+    def dq_kv_blocks(self, m: int) -> int:
+        """kv blocks (BLOCK_N rows) query block m's dQ program visits (the causal range)."""
+        return cdiv((m + 1) * self.block_m, self.block_n)
+
     def dq_programs(self) -> list[tuple[str, int, int]]:
         """attention_bwd_dq's programs in id order: ("dq", query block, head), the last query
         block first, then ("merge", kv block, kv head)."""
@@ -104,4 +98,4 @@ class AttentionSplit:
 def attention_split(profile, tuning) -> AttentionSplit:
     """The split a profile's tuning gives (the blocks' and chunks' checks are the builders')."""
     return AttentionSplit(profile.context, tuning.attn_m, tuning.attn_n, profile.heads,
-                          profile.kv_heads, tuning.attn_fwd_chunk, tuning.attn_bwd_chunk)
+                          profile.kv_heads, tuning.attn_fwd_n, tuning.attn_bwd_chunk)

@@ -105,12 +105,8 @@ def buffers(profile) -> dict[str, BufferSpec]:
         BufferSpec("next_row", "i32", (T,), "next row with the same input token (T if none), embed_fwd"),
         BufferSpec("staged", "u32", (STAGED_WORDS,), "the issue's input record and doorbell, "
                    "copied from staging by the first launch"),
-        # attention split (plan/attention_split.py): slot c holds chunk c's partial; every layer
-        # reuses them (each is written and read by one launch pair)
-        BufferSpec("attn_o_part", "fp32", (split.fwd_slots, T, Hd),
-                   "attention_fwd chunks: Σ bf(exp(s − m_c))·v per row and head, unnormalized"),
-        BufferSpec("attn_ml_part", "fp32", (split.fwd_slots, 2, H, T),
-                   "attention_fwd chunks: row max m_c and row sum l_c per head"),
+        # the dK/dV split (plan/attention_split.py): slot c holds chunk c's partial; every layer
+        # reuses them (written by attention_bwd, read by attention_bwd_dq)
         BufferSpec("attn_kv_part", "fp32", (split.bwd_slots, T, 2 * G * d),
                    "attention_bwd chunks: dk' | dv partial sums per kv head (before rotary_backward)"),
         BufferSpec("ds16", "bf16", (H, T, T),

@@ -27,7 +27,7 @@ class Tuning:
     attn_m: int
     attn_n: int
     attn_warps: int
-    attn_fwd_chunk: int                          # kv blocks per attention_fwd program (a split)
+    attn_fwd_n: int                              # key rows per attention_fwd trip (its BLOCK_N)
     attn_bwd_chunk: int                          # (query head, query block) trips per dK/dV program
     ce_rows: int                                 # cross_entropy rows per program
     ce_warps: int                                # cross_entropy's and predictions' warps
@@ -48,15 +48,18 @@ class Tuning:
     decay_programs: int = 16                     # programs of embed_decay (E's absent rows, side lane)
     swiglu_tiles: tuple[tuple[int, int], ...] = ()   # SwiGLU-forward tiles ((): mm_tiles)
     delta_tiles: tuple[tuple[int, int], ...] = ()    # out_proj-backward dO + delta tiles
+    attn_fwd_stages: int = 3                     # attention_fwd's pipeline stages (K/V copies ahead)
 
 
 H200 = Tuning(mm_tiles=((128, 128), (128, 64), (64, 64)), mm_min_programs=120, mm_block_k=64,
               mm_warps=8, mm_stages=3, rows=4, rows_warps=4, attn_m=64, attn_n=64, attn_warps=4,
-              # attention split (docs/PERFORMANCE.md): ≤ 4 kv blocks per forward program (320
-              # programs ≤ 528 slots at 4 per SM); ≤ 12 trips per dK/dV program: 124 programs at
-              # 2 per SM fit the 67 SMs the side lane leaves (5 trips: 244 programs, two rounds
-              # there; model 1441 → 1425 µs central)
-              attn_fwd_chunk=4, attn_bwd_chunk=12,
+              # the fused forward (docs/PERFORMANCE.md, fused attention forward): one program per
+              # (query block, head), its longest row 1,024 keys in 8 trips of 128 keys (16 of 64:
+              # 17.6 µs alone, model); 3 stages copy K/V two trips ahead, so no trip waits on L2
+              # (ptxas: 157 registers on sm_90a, 197 on sm_80, no spill; 256 keys spill on sm_80).
+              # ≤ 12 trips per dK/dV program: 124 programs at 2 per SM fit the 67 SMs the side
+              # lane leaves (5 trips: 244 programs, two rounds there; model 1441 → 1425 µs central)
+              attn_fwd_n=128, attn_fwd_stages=3, attn_bwd_chunk=12,
               ce_rows=1, ce_warps=16, cast_block=2048, cast_warps=8, vocab_block=16,
               vocab_warps=8,
               # 128 rows per gain-column trip: 8 unprefetched trips on its chain instead of 16
@@ -101,9 +104,10 @@ H200 = Tuning(mm_tiles=((128, 128), (128, 64), (64, 64)), mm_min_programs=120, m
 # it) while the interpreter sees few programs: 128×128×128 matmul tiles, one stage.
 INTERPRETER = Tuning(mm_tiles=((128, 128),), mm_min_programs=1, mm_block_k=128, mm_warps=8,
                      mm_stages=1, rows=128, rows_warps=8, attn_m=128, attn_n=128, attn_warps=8,
-                     # the longer half of the rows in two chunks: the split and the merges run in
-                     # the whole-plan interpreter tests for a few programs more (48 + 24 vs 32 + 16)
-                     attn_fwd_chunk=4, attn_bwd_chunk=8,
+                     # the first four kv blocks' dK/dV trips in two chunks: the split and the
+                     # merge run in the whole-plan interpreter tests for a few programs more (24
+                     # vs 16); the forward is one program per (query block, head): 32
+                     attn_fwd_n=128, attn_bwd_chunk=8,
                      ce_rows=32, ce_warps=8, cast_block=16384, cast_warps=8, vocab_block=64,
                      vocab_warps=8, gain_cols=128, gain_rows=128, dw_tile=(128, 128), dn_splits=1,
                      # fewer programs than the 9 tiles of a layer's MLP half: the whole-plan tests

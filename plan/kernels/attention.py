@@ -1,17 +1,17 @@
-"""Causal grouped-query flash attention on the fused bf16 qkv rows: forward and backward, two
-launches each, no atomics, every sum in a fixed order (bit-identical run to run).
+"""Causal grouped-query flash attention on the fused bf16 qkv rows: the forward in one launch, the
+backward in two, no atomics, every sum in a fixed order (bit-identical run to run).
 
 Row layout of qkv (T, (H + 2G)·d): q heads at h·d, k heads at (H + g)·d, v heads at (H + G + g)·d;
-query head h reads kv head h // (H/G).  The work is cut into chunks so that no program runs a long
-causal row alone (plan/attention_split.py holds the arithmetic and the program order; the kernels
-decode their program id the same way):
+query head h reads kv head h // (H/G).  plan/attention_split.py holds each launch's program order
+and the backward's chunks; the kernels decode their program id the same way:
 
-attention_fwd: one program per chunk of ≤ FWD_CHUNK kv blocks of one (query block, head), writing
-the unnormalized fp32 partial (m_c, l_c, acc_c) of those kv blocks to slot c.
-attention_fwd_merge: per (query block, head) M = max_c m_c, l = Σ_c l_c·e^(m_c − M),
-acc = Σ_c acc_c·e^(m_c − M) in chunk order, o = acc / l (o16, o32) and lse = M + log l.  A single
-chunk gives exactly the unsplit kernel's bits (e^0 = 1).  The p rounding is bf(exp(s − m)) with
-the chunk's running max, like the unsplit kernel's (NUMERICS.md: ≤ 1 bf16 ulp of p).
+attention_fwd: one program per (query block, head), the first query block (the shortest causal
+row) first, over its whole causal range: online softmax over key blocks of BLOCK_N rows, the blocks
+above the diagonal never visited, p = bf(exp(s − m)) against the running max (NUMERICS.md: ≤ 1
+bf16 ulp of p), then o = acc / l (o16, o32) and lse = m + log l, the statistics the backward reads.
+No partial buffer and no merge launch: one program holds the row's whole sum, so its order is
+the key blocks' order.  Its BLOCK_N is the forward's own (tuning attn_fwd_n): a longer key block
+halves the dependent trips of the longest row (docs/PERFORMANCE.md, fused attention forward).
 attention_bwd (FlashAttention-2's dK/dV pass; delta = rowsum(do·o) comes from matmul_delta's
 epilogue): one program per chunk of ≤ BWD_CHUNK (query head, query block) trips of one (kv block,
 kv head) — the group's heads in head order, then the query blocks — writing fp32 partial dk′, dv
@@ -32,34 +32,24 @@ from coppelius.plan.kernels.grid_dependency import await_previous_grid
 # ---------------------------------------------------------------- forward
 
 @triton.jit
-def _fwd_chunk_of(idx, T, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FWD_CHUNK: tl.constexpr):
-    """(query block, chunk) of forward chunk idx: query blocks from the last, chunks in kv order
-    (AttentionSplit.fwd_programs).  ⌈a/b⌉ is written out: tl.cdiv is a jit function, and the
-    interpreter pays ~1 ms per nested jit call, here once per block skipped."""
-    SPAN: tl.constexpr = BLOCK_N * FWD_CHUNK                         # rows of keys per chunk
-    pid_m = T // BLOCK_M - 1
-    chunks = ((pid_m + 1) * BLOCK_M + SPAN - 1) // SPAN
-    while idx >= chunks:
-        idx -= chunks
-        pid_m -= 1
-        chunks = ((pid_m + 1) * BLOCK_M + SPAN - 1) // SPAN
-    return pid_m, idx
-
-
-@triton.jit
-def attention_fwd(qkv_ptr, o_part_ptr, ml_part_ptr, T, SCALE: tl.constexpr, HEADS: tl.constexpr,
+def attention_fwd(qkv_ptr, o16_ptr, o32_ptr, lse_ptr, T, SCALE: tl.constexpr, HEADS: tl.constexpr,
                   KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                  BLOCK_N: tl.constexpr, FWD_CHUNK: tl.constexpr, PDL: tl.constexpr = False):
-    """One chunk c of one (query block, head): kv blocks [c·FWD_CHUNK, …) of the causal range as
-    o_part[c] (T, H·d) = Σ bf(exp(s − m_c)) bf(v) and ml_part[c] (2, H, T) = (m_c, l_c), fp32.
-    FWD_CHUNK·BLOCK_N is a multiple of BLOCK_M (the builder checks), so a chunk starts at or
-    before its query block's first row: every row sees a key in the chunk's first block."""
+                  BLOCK_N: tl.constexpr, PDL: tl.constexpr = False):
+    """o16 (bf16), o32 (T, H·d) and lse (H, T), fp32, of one (query block, head): key blocks
+    0 .. ⌈(pid_m + 1)·BLOCK_M / BLOCK_N⌉ − 1 in order.  Every row sees key 0 in the first block,
+    so m is finite after it and the −inf of the masked scores weigh 0; BLOCK_N may exceed BLOCK_M
+    (the last block's keys past the rows are masked: T is a multiple of BLOCK_N, the builder
+    checks, so the block is never past T)."""
     await_previous_grid(PDL)
     W: tl.constexpr = (HEADS + 2 * KV_HEADS) * HEAD_DIM
     HD: tl.constexpr = HEADS * HEAD_DIM
     pid = tl.program_id(0)
     head = pid % HEADS
-    pid_m, chunk = _fwd_chunk_of(pid // HEADS, T, BLOCK_M, BLOCK_N, FWD_CHUNK)
+    # the shortest rows first: the grid fits the chip in one round, so the order balances
+    # nothing; it decides which programs share an SM where the grid becomes resident beside its
+    # predecessor's CTAs (programmatic launch) and the first-placed ones double up: short ones,
+    # which soon leave the long ones their SM (AttentionSplit.fwd_programs)
+    pid_m = pid // HEADS
     kv = head // (HEADS // KV_HEADS)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -69,9 +59,7 @@ def attention_fwd(qkv_ptr, o_part_ptr, ml_part_ptr, T, SCALE: tl.constexpr, HEAD
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, HEAD_DIM), tl.float32)
-    lo = chunk * (FWD_CHUNK * BLOCK_N)
-    hi = tl.minimum(lo + FWD_CHUNK * BLOCK_N, (pid_m + 1) * BLOCK_M)
-    for start_n in range(lo, hi, BLOCK_N):
+    for start_n in range(0, (pid_m + 1) * BLOCK_M, BLOCK_N):         # causal: no block above
         offs_n = start_n + tl.arange(0, BLOCK_N)
         kt = tl.load(qkv_ptr + offs_n[None, :] * W + k_col + offs_d[:, None])     # (d, BLOCK_N)
         s = tl.dot(q, kt) * SCALE
@@ -83,42 +71,11 @@ def attention_fwd(qkv_ptr, o_part_ptr, ml_part_ptr, T, SCALE: tl.constexpr, HEAD
         v = tl.load(qkv_ptr + offs_n[:, None] * W + v_col + offs_d[None, :])       # (BLOCK_N, d)
         acc = acc * alpha[:, None] + tl.dot(p.to(tl.bfloat16), v)
         m_i = m_new
-    tl.store(o_part_ptr + chunk * T * HD + offs_m[:, None] * HD + head * HEAD_DIM + offs_d[None, :],
-             acc)
-    ml = ml_part_ptr + (chunk * 2 * HEADS + head) * T + offs_m
-    tl.store(ml, m_i)
-    tl.store(ml + HEADS * T, l_i)
-
-
-@triton.jit
-def attention_fwd_merge(o_part_ptr, ml_part_ptr, o16_ptr, o32_ptr, lse_ptr, T, HEADS: tl.constexpr,
-                        HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        FWD_CHUNK: tl.constexpr, PDL: tl.constexpr = False):
-    """o16, o32 (T, H·d) and lse (H, T) of one (query block, head) from its chunks' partials,
-    summed in chunk order with the weights e^(m_c − M) of the merged max M."""
-    await_previous_grid(PDL)
-    HD: tl.constexpr = HEADS * HEAD_DIM
-    pid = tl.program_id(0)
-    head = pid % HEADS
-    pid_m = T // BLOCK_M - 1 - pid // HEADS                          # the last query block first
-    chunks = tl.cdiv((pid_m + 1) * BLOCK_M, BLOCK_N * FWD_CHUNK)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, HEAD_DIM)
     offs_o = offs_m[:, None] * HD + head * HEAD_DIM + offs_d[None, :]
-    ml = ml_part_ptr + head * T + offs_m
-    m_tot = tl.load(ml)
-    for c in range(1, chunks):
-        m_tot = tl.maximum(m_tot, tl.load(ml + c * (2 * HEADS) * T))
-    l_i = tl.zeros((BLOCK_M,), tl.float32)
-    acc = tl.zeros((BLOCK_M, HEAD_DIM), tl.float32)
-    for c in range(0, chunks):
-        w = tl.exp(tl.load(ml + c * (2 * HEADS) * T) - m_tot)
-        l_i = l_i + tl.load(ml + c * (2 * HEADS) * T + HEADS * T) * w
-        acc = acc + tl.load(o_part_ptr + c * T * HD + offs_o) * w[:, None]
     o = tl.div_rn(acc, l_i[:, None])
     tl.store(o16_ptr + offs_o, o.to(tl.bfloat16))
     tl.store(o32_ptr + offs_o, o)
-    tl.store(lse_ptr + head * T + offs_m, m_tot + tl.log(l_i))
+    tl.store(lse_ptr + head * T + offs_m, m_i + tl.log(l_i))
 
 
 # ---------------------------------------------------------------- backward
@@ -127,11 +84,12 @@ def attention_fwd_merge(o_part_ptr, ml_part_ptr, o16_ptr, o32_ptr, lse_ptr, T, H
 def _dkdv_chunk_of(idx, T, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BWD_CHUNK: tl.constexpr):
     """(kv block, chunk) of dK/dV chunk idx: kv blocks from the first, chunks in trip order
-    (AttentionSplit.dkdv_programs)."""
+    (AttentionSplit.dkdv_programs).  ⌈a/b⌉ is written out: tl.cdiv is a jit function, and the
+    interpreter pays ~1 ms per nested jit call, here once per block skipped."""
     q_blocks = T // BLOCK_M
     pid_n = idx * 0
     chunks = (GROUP * q_blocks + BWD_CHUNK - 1) // BWD_CHUNK         # kv block 0: every query block
-    while idx >= chunks:                                             # ⌈a/b⌉ written out: as above
+    while idx >= chunks:
         idx -= chunks
         pid_n += 1
         chunks = (GROUP * (q_blocks - pid_n * BLOCK_N // BLOCK_M) + BWD_CHUNK - 1) // BWD_CHUNK

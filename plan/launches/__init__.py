@@ -44,10 +44,8 @@ def _layer_forward(ctx: Context, ly: LayerRefs) -> list[Launch]:
     return [
         launch_matmul.matmul_rotary(ctx, h16=ly.h16_attn, w=ly.wqkv, qkv=ly.qkv16,
                          label=ly.label("qkv+rotary")),
-        launch_builders.attention_fwd(ctx, qkv=ly.qkv16, o_part=ctx.buf("attn_o_part"),
-                        ml_part=ctx.buf("attn_ml_part"), label=ly.label("attention")),
-        launch_builders.attention_fwd_merge(ctx, o_part=ctx.buf("attn_o_part"), ml_part=ctx.buf("attn_ml_part"),
-                              o16=ly.o16, o32=ly.o32, lse=ly.lse, label=ly.label("attention.merge")),
+        launch_builders.attention_fwd(ctx, qkv=ly.qkv16, o16=ly.o16, o32=ly.o32, lse=ly.lse,
+                        label=ly.label("attention")),
         launch_matmul.matmul_residual(ctx, a=ly.o16, b=ly.wo, x=ly.resid_attn, out=ly.resid_mlp,
                            ssq=ly.ssq_mlp, M=T, N=D, K=Hd, label=ly.label("out_proj")),
     ] + _mlp_forward(ctx, ly)

@@ -133,8 +133,8 @@ def attention_scale(head_dim: int) -> float:
 
 
 def attention_constexprs(ctx: Context) -> dict:
-    """The attention kernels' constexprs; refuses blocks that do not tile T (the kernels have no
-    row masks: every block is whole)."""
+    """The attention backward kernels' constexprs; refuses blocks that do not tile T (the kernels
+    have no row masks: every block is whole)."""
     tu, p = ctx.tu, ctx.p
     if ctx.T % tu.attn_m or ctx.T % tu.attn_n or tu.attn_m % tu.attn_n:
         raise ValueError(f"attention blocks {tu.attn_m}×{tu.attn_n} do not tile T={ctx.T}; hint: "
@@ -144,43 +144,31 @@ def attention_constexprs(ctx: Context) -> dict:
 
 
 def _split(ctx: Context) -> AttentionSplit:
-    """The attention split of the profile's tuning; refuses chunks the kernels cannot run."""
+    """The attention split of the profile's tuning; refuses dK/dV chunks of no trips."""
     tu = ctx.tu
-    if tu.attn_fwd_chunk < 1 or tu.attn_bwd_chunk < 1:
-        raise ValueError(f"attention chunks {tu.attn_fwd_chunk} (forward), {tu.attn_bwd_chunk} "
-                         "(dK/dV) must be ≥ 1; hint: kv blocks / trips per program")
-    if tu.attn_fwd_chunk * tu.attn_n % tu.attn_m:
-        raise ValueError(f"forward chunk of {tu.attn_fwd_chunk} kv blocks × {tu.attn_n} rows is no "
-                         f"multiple of BLOCK_M={tu.attn_m}; hint: a chunk must start at a query "
-                         "block's first row, or its first rows see no key")
+    if tu.attn_bwd_chunk < 1:
+        raise ValueError(f"attention dK/dV chunk of {tu.attn_bwd_chunk} trips must be ≥ 1; hint: "
+                         "(query head, query block) trips per program")
     return attention_split(ctx.p, tu)
 
 
-def attention_fwd(ctx: Context, *, qkv, o_part, ml_part, label: str) -> Launch:
-    """Causal flash attention forward, split: one program per (query block, kv chunk, head)
-    writing the chunk's unnormalized partial (plan/attention_split.py)."""
-    tu = ctx.tu
-    consts = attention_constexprs(ctx)
-    split = _split(ctx)
-    return triton_launch("coppelius.plan.kernels.attention", "attention_fwd", (len(split.fwd_programs()),),
-                         {"qkv_ptr": qkv, "o_part_ptr": o_part, "ml_part_ptr": ml_part,
-                          "T": i32(ctx.T)},
-                         {**consts, "FWD_CHUNK": tu.attn_fwd_chunk},
-                         num_warps=tu.attn_warps, num_stages=2, label=label)
-
-
-def attention_fwd_merge(ctx: Context, *, o_part, ml_part, o16, o32, lse, label: str) -> Launch:
-    """o16, o32, lse of each (query block, head) from its chunks' partials, in chunk order."""
+def attention_fwd(ctx: Context, *, qkv, o16, o32, lse, label: str) -> Launch:
+    """Causal flash attention forward in one launch: one program per (query block, head), the
+    shortest rows first, over its whole causal range in key blocks of attn_fwd_n rows, normalized
+    in its epilogue (o16, o32, lse; plan/attention_split.py).  Refuses blocks that do not tile T
+    (the kernel has no row masks)."""
     tu, p = ctx.tu, ctx.p
-    consts = attention_constexprs(ctx)
-    split = _split(ctx)
-    return triton_launch("coppelius.plan.kernels.attention", "attention_fwd_merge",
-                         (len(split.fwd_merge_programs()),),
-                         {"o_part_ptr": o_part, "ml_part_ptr": ml_part, "o16_ptr": o16,
-                          "o32_ptr": o32, "lse_ptr": lse, "T": i32(ctx.T)},
-                         {"HEADS": p.heads, "HEAD_DIM": p.head_dim, "BLOCK_M": consts["BLOCK_M"],
-                          "BLOCK_N": consts["BLOCK_N"], "FWD_CHUNK": tu.attn_fwd_chunk},
-                         num_warps=4, num_stages=1, label=label)
+    if tu.attn_fwd_n < 1 or ctx.T % tu.attn_m or ctx.T % tu.attn_fwd_n:
+        raise ValueError(f"attention forward blocks {tu.attn_m}×{tu.attn_fwd_n} do not tile "
+                         f"T={ctx.T}; hint: T must be a multiple of both (query rows, key rows)")
+    split = attention_split(p, tu)
+    return triton_launch("coppelius.plan.kernels.attention", "attention_fwd", (len(split.fwd_programs()),),
+                         {"qkv_ptr": qkv, "o16_ptr": o16, "o32_ptr": o32, "lse_ptr": lse,
+                          "T": i32(ctx.T)},
+                         {"SCALE": attention_scale(p.head_dim), "HEADS": p.heads,
+                          "KV_HEADS": p.kv_heads, "HEAD_DIM": p.head_dim, "BLOCK_M": tu.attn_m,
+                          "BLOCK_N": tu.attn_fwd_n},
+                         num_warps=tu.attn_warps, num_stages=tu.attn_fwd_stages, label=label)
 
 
 def attention_bwd(ctx: Context, *, qkv, do, lse, delta, kv_part, ds, label: str) -> Launch:

@@ -189,30 +189,9 @@ def _rmsnorm_bwd_gain(s, x):
             + [region(x, "dg_ptr", D)])
 
 
-def _fwd_slots(s, x, o: str, ml: str) -> list[Region]:
-    """attention_fwd's partials: slot c holds the rows of the query blocks with more than c
-    chunks (the last ones: chunks grow with the query block), o_part (T, H·d) and ml_part
-    (2, H, T) per slot."""
-    sp, T, H = s.split, s.T, s.HEADS
-    hd = H * s.HEAD_DIM
-    out = []
-    for c in range(sp.fwd_slots):
-        first = next(m for m in range(sp.q_blocks) if sp.fwd_chunks(m) > c) * sp.block_m
-        out += [region(x, o, (T - first) * hd, skip=c * T * hd + first * hd,
-                       name=f"{o} (slot {c})"),
-                region(x, ml, T - first, skip=c * 2 * H * T + first, repeat=2 * H, stride=T,
-                       name=f"{ml} (slot {c})")]
-    return out
-
-
 def _attention_fwd(s, x):
-    return [region(x, "qkv_ptr", s.T * s.qkv_width)], _fwd_slots(s, x, "o_part_ptr",
-                                                                  "ml_part_ptr")
-
-
-def _attention_fwd_merge(s, x):
     T, hd = s.T, s.HEADS * s.HEAD_DIM
-    return (_fwd_slots(s, x, "o_part_ptr", "ml_part_ptr"),
+    return ([region(x, "qkv_ptr", T * s.qkv_width)],
             [region(x, "o16_ptr", T * hd), region(x, "o32_ptr", T * hd),
              region(x, "lse_ptr", s.HEADS * T)])
 
@@ -327,8 +306,8 @@ RULES = {
     "release_stage_in": _stage_in, "release": _release, "embed_fwd": _embed_fwd,
     "rmsnorm_rows": _rmsnorm_rows, "residual_norm": _residual_norm, "rmsnorm_bwd": _rmsnorm_bwd,
     "rmsnorm_bwd_gain": _rmsnorm_bwd_gain, "attention_fwd": _attention_fwd,
-    "attention_fwd_merge": _attention_fwd_merge, "attention_bwd": _attention_bwd,
-    "attention_bwd_dq": _attention_bwd_dq, "cross_entropy": _cross_entropy,
+    "attention_bwd": _attention_bwd, "attention_bwd_dq": _attention_bwd_dq,
+    "cross_entropy": _cross_entropy,
     "predictions": _predictions, "embed_decay": _embed_decay, "embed_grad": _embed_grad,
     "matmul": _matmul, "matmul_residual": _matmul_residual, "matmul_swiglu": _matmul_swiglu,
     "matmul_rotary": _matmul_rotary, "matmul_delta": _matmul_delta, "weight_grad": _weight_grad,

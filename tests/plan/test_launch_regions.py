@@ -67,15 +67,21 @@ def test_the_slot_time_is_volatile_and_the_payload_compared():
 
 
 def test_attention_partials_cover_exactly_the_chunks_that_exist():
-    """Slot c of the forward partials holds the rows of the query blocks with more than c chunks;
-    slot 0 all of them."""
+    """Slot c of the dK/dV partials holds the kv blocks with more than c chunks (the first ones);
+    slot 0 all of them.  The forward has no partials: it writes o16, o32 and lse whole."""
     prof = profiles.get("tiny")
-    fwd = next(x for x in launches.submissions(prof)[1].launches if x.function == "attention_fwd")
-    writes = LR.regions(prof, fwd).writes
-    o = [r for r in writes if r.name.startswith("o_part_ptr")]
+    update = launches.submissions(prof)[1].launches
+    fwd = next(x for x in update if x.function == "attention_fwd")
     hd = prof.heads * prof.head_dim
-    assert o[0].count == prof.context * hd and o[0].offset == 0
-    assert len(o) > 1 and all(r.count < o[0].count for r in o[1:]), "tiny splits its last rows"
+    assert [(r.name, r.count) for r in LR.regions(prof, fwd).writes] == [
+        ("o16_ptr", prof.context * hd), ("o32_ptr", prof.context * hd),
+        ("lse_ptr", prof.heads * prof.context)]
+    bwd = next(x for x in update if x.function == "attention_bwd")
+    kv = [r for r in LR.regions(prof, bwd).writes if r.name.startswith("kv_part_ptr")]
+    width = 2 * prof.kv_heads * prof.head_dim
+    assert kv[0].count == prof.context * width and kv[0].offset == 0
+    assert len(kv) > 1 and all(r.count < kv[0].count for r in kv[1:]), \
+        "tiny splits its first kv blocks"
 
 
 def test_a_kernel_without_a_rule_is_refused_by_name():

@@ -203,8 +203,7 @@ def test_weight_grad_program_mapping_is_the_kernels():
 
 
 ATTENTION_ARGS = {   # the builders' pointer arguments (plan/launches/builders.py), in order
-    "attention_fwd": ("qkv", "o_part", "ml_part"),
-    "attention_fwd_merge": ("o_part", "ml_part", "o16", "o32", "lse"),
+    "attention_fwd": ("qkv", "o16", "o32", "lse"),
     "attention_bwd": ("qkv", "do", "lse", "delta", "kv_part", "ds"),
     "attention_bwd_dq": ("qkv", "ds", "kv_part", "rope", "dqkv"),
 }
@@ -212,31 +211,31 @@ ATTENTION_ARGS = {   # the builders' pointer arguments (plan/launches/builders.p
 
 @pytest.mark.parametrize("function", list(ATTENTION_ARGS))
 def test_attention_program_mapping_is_the_kernels(function):
-    """Each program of a small split attention launch (ragged dK/dV chunks that cross query
-    heads, 1 and 2 forward chunks, BLOCK_M = 2·BLOCK_N), run alone, writes exactly what
-    plan/attention_split.py says it owns."""
+    """Each program of a small attention launch (the forward's key block twice its query block,
+    so that a short row's last keys are masked; ragged dK/dV chunks that cross query heads,
+    BLOCK_M = 2·BLOCK_N), run alone, writes exactly what plan/attention_split.py says it owns."""
     from coppelius.plan.attention_split import AttentionSplit
-    T, H, G, d, bm, bn, fc, bc = 64, 4, 2, 16, 32, 16, 2, 3
-    sp = AttentionSplit(T, bm, bn, H, G, fc, bc)
+    T, H, G, d, bm, bn, fn, bc = 64, 4, 2, 16, 32, 16, 64, 3
+    sp = AttentionSplit(T, bm, bn, H, G, fn, bc)
     W = (H + 2 * G) * d
-    shapes = {"qkv": ("bf16", (T, W)), "o_part": ("fp32", (sp.fwd_slots, T, H * d)),
-              "ml_part": ("fp32", (sp.fwd_slots, 2, H, T)), "o16": ("bf16", (T, H * d)),
+    shapes = {"qkv": ("bf16", (T, W)), "o16": ("bf16", (T, H * d)),
               "o32": ("fp32", (T, H * d)), "lse": ("fp32", (H, T)), "do": ("fp32", (T, H * d)),
               "delta": ("fp32", (H, T)), "kv_part": ("fp32", (sp.bwd_slots, T, 2 * G * d)),
               "ds": ("bf16", (H, T, T)), "rope": ("fp32", (T, d)), "dqkv": ("bf16", (T, W))}
     specs = {n: _spec(n, *shapes[n]) for n in ATTENTION_ARGS[function]}
     args = {f"{n}_ptr": launches.BufferRef(n, 0, specs[n].dtype) for n in ATTENTION_ARGS[function]}
     args["T"] = launches.Scalar("i32", T)
-    consts = {"SCALE": 0.25, "HEADS": H, "KV_HEADS": G, "HEAD_DIM": d, "BLOCK_M": bm, "BLOCK_N": bn,
-              "FWD_CHUNK": fc, "BWD_CHUNK": bc}
-    keep = {"attention_fwd": ("SCALE", "HEADS", "KV_HEADS", "HEAD_DIM", "BLOCK_M", "BLOCK_N", "FWD_CHUNK"),
-            "attention_fwd_merge": ("HEADS", "HEAD_DIM", "BLOCK_M", "BLOCK_N", "FWD_CHUNK"),
+    consts = {"SCALE": 0.25, "HEADS": H, "KV_HEADS": G, "HEAD_DIM": d, "BLOCK_M": bm,
+              "BLOCK_N": fn if function == "attention_fwd" else bn, "BWD_CHUNK": bc}
+    keep = {"attention_fwd": ("SCALE", "HEADS", "KV_HEADS", "HEAD_DIM", "BLOCK_M", "BLOCK_N"),
             "attention_bwd": ("SCALE", "HEADS", "KV_HEADS", "HEAD_DIM", "BLOCK_M", "BLOCK_N", "BWD_CHUNK"),
             "attention_bwd_dq": ("HEADS", "KV_HEADS", "HEAD_DIM", "BLOCK_M", "BLOCK_N", "BWD_CHUNK")}
-    n = {"attention_fwd": len(sp.fwd_programs()), "attention_fwd_merge": len(sp.fwd_merge_programs()),
-         "attention_bwd": len(sp.dkdv_programs()), "attention_bwd_dq": len(sp.dq_programs())}[function]
+    n = {"attention_fwd": len(sp.fwd_programs()), "attention_bwd": len(sp.dkdv_programs()),
+         "attention_bwd_dq": len(sp.dq_programs())}[function]
     launch = _launch("coppelius.plan.kernels.attention", function, (n,), args,
                      {k: consts[k] for k in keep[function]}, specs)
+    if function == "attention_fwd":
+        assert [sp.fwd_trips(m) for m, _ in sp.fwd_programs()[::H]] == [1, 1]
     if function == "attention_bwd":
         assert any(len({j for j, _ in sp.dkdv_chunk_pairs(b, c)}) > 1 for b, c, _ in sp.dkdv_programs())
         assert any(len(sp.dkdv_chunk_pairs(b, c)) < bc for b, c, _ in sp.dkdv_programs())

@@ -1,5 +1,5 @@
-"""Cost-model families of the split attention kernels (plan/kernels/attention.py,
-plan/attention_split.py)."""
+"""Cost-model families of the attention kernels (plan/kernels/attention.py,
+plan/attention_split.py): the fused forward, the dK/dV chunks, the dQ + dK/dV merge."""
 from __future__ import annotations
 
 from coppelius.plan.attention_split import AttentionSplit
@@ -7,16 +7,17 @@ from coppelius.plan.attention_split import AttentionSplit
 from tools.cost.work import Programs, Step, View, Work, family
 
 
-# -- attention (plan/attention_split.py): one warpgroup per program, trips over 64-row blocks;
-#    each trip's dots depend on the previous elementwise work (FA2 order).  K/V (Q/dO) of the
-#    next trip are copied at the end of a trip and waited for at the start of the next (the
-#    PTX's cp.async.wait_group 0): a dependent L2 round trip per trip (View.trip_trips); the
-#    prologue/epilogue round trips are the PTX's (View.tile_trips).  The chunk programs decode
-#    their id in a scalar loop over the blocks before them (DECODE_OPS dependent integer ops per
-#    block skipped, on the chain before the first load)
+# -- attention (plan/attention_split.py): one warpgroup per program, trips over key (forward) or
+#    query/kv blocks (backward); each trip's dots depend on the previous elementwise work (FA2
+#    order).  The PTX says whether a trip waits on L2 (View.trip_trips): with two stages K/V (Q/dO)
+#    of the next trip are copied at the end of a trip and waited for at the start of the next (the
+#    PTX's cp.async.wait_group 0: one dependent L2 round trip a trip); with three (the forward) the
+#    copies run two trips ahead and a trip waits on none.  The prologue/epilogue round trips are
+#    the PTX's (View.tile_trips).  The dK/dV chunk programs decode their id in a scalar loop over
+#    the blocks before them (DECODE_OPS dependent integer ops per block skipped, on the chain
+#    before the first load)
 
 DECODE_OPS = 5          # per block skipped: subtract, decrement, multiply-add, shift, compare
-MERGE_PASSES = 2        # attention_fwd_merge loops over its chunks twice (the max, then the sum)
 
 
 def _attn_dims(v: View):
@@ -27,8 +28,9 @@ def _attn_dims(v: View):
 
 
 def _split(v: View) -> AttentionSplit:
+    """The launch's split; BLOCK_N is its own key block (the forward's, or the backward's)."""
     T, H, G, d, BM, BN, W = _attn_dims(v)
-    return AttentionSplit(T, BM, BN, H, G, v.c.get("FWD_CHUNK", 1), v.c.get("BWD_CHUNK", 1))
+    return AttentionSplit(T, BM, BN, H, G, BN, v.c.get("BWD_CHUNK", 1))
 
 
 def _programs(v: View, which, what: str):
@@ -60,36 +62,21 @@ def _by_fixed(progs, trips_of, fixed_of, step) -> tuple[Programs, ...]:
 
 @family("attention_fwd")
 def _attention_fwd(v: View) -> Work:
+    """One program per (query block, head), the shortest rows first, over its whole causal range
+    in key blocks of BLOCK_N rows (BLOCK_N may exceed BLOCK_M: the keys past the rows are
+    masked, still computed); the normalization in its epilogue, no partials."""
     T, H, G, d, BM, BN, W = _attn_dims(v)
-    sp, progs = _programs(v, AttentionSplit.fwd_programs, "forward chunk programs")
+    sp, progs = _programs(v, AttentionSplit.fwd_programs, "(query block, head) programs")
     e = BM * BN
     step = Step(mma_flops=2 * (2 * BM * BN * d), load_bytes=2 * BN * d * 2,      # K, V tiles
                 mufu_ops=e + BM, alu_ops=8 * e, phases=4,       # s, row max, row sum, p·v
                 l2_trips=v.trip_trips)
-    part = BM * d * 4 + 2 * BM * 4                                # acc, m, l of one chunk, fp32
-
-    def fixed(prog):                                             # q in; the partial out
-        m = prog[0]
-        return Step(load_bytes=BM * d * 2, store_bytes=part, hbm_trips=v.tile_trips,
-                    serial_ops=DECODE_OPS * (sp.q_blocks - 1 - m))
-    return Work(_by_fixed(progs, lambda pr: sp.fwd_chunk_trips(pr[0], pr[1]), fixed, step),
-                hbm_bytes=T * W * 2 + len(progs) * part)
-
-
-@family("attention_fwd_merge")
-def _attention_fwd_merge(v: View) -> Work:
-    T, H, G, d, BM, BN, W = _attn_dims(v)
-    sp, progs = _programs(v, AttentionSplit.fwd_merge_programs, "(query block, head) merges")
-    part = BM * d * 4 + 2 * BM * 4
-    # per chunk: acc_c, l_c and m_c (twice: the max pass) in, one exp, a multiply-add per element;
-    # one stage: each trip of each of the two passes (a loop each) waits for its loads
-    step = Step(load_bytes=part + BM * 4, mufu_ops=BM, alu_ops=2 * BM * d + 4 * BM,
-                l2_trips=MERGE_PASSES * v.trip_trips)
-    fixed = Step(store_bytes=BM * d * (2 + 4) + BM * 4, mufu_ops=BM * d + BM,   # o16, o32, lse
-                 alu_ops=12 * BM * d, hbm_trips=v.tile_trips)
-    partials = sum(sp.fwd_chunks(m) for m, _ in progs)
-    return Work((Programs(tuple(sp.fwd_chunks(m) for m, _ in progs), step, fixed),),
-                hbm_bytes=partials * part + T * H * d * (2 + 4) + H * T * 4)
+    # q in; o = acc / l (div_rn: a MUFU and ~10 ALU ops an element), lse = m + log l; o16, o32
+    # and lse out
+    fixed = Step(load_bytes=BM * d * 2, store_bytes=BM * d * (2 + 4) + BM * 4,
+                 mufu_ops=BM * d + BM, alu_ops=12 * BM * d, hbm_trips=v.tile_trips)
+    return Work((Programs(tuple(sp.fwd_trips(m) for m, _ in progs), step, fixed),),
+                hbm_bytes=T * W * 2 + T * H * d * (2 + 4) + H * T * 4)
 
 
 @family("attention_bwd")
@@ -120,7 +107,7 @@ def _attention_bwd_dq(v: View) -> Work:
     sp, progs = _programs(v, AttentionSplit.dq_programs, "dQ + merge programs")
     rope = BM * d * 4                                             # [cos|sin] rows, fp32
     # dQ (query block m, head): kv blocks 0 .. m, one product per trip from the stored bf(ds)ᵀ
-    dq_trips = tuple(sp.fwd_kv_blocks(m) for kind, m, _ in progs if kind == "dq")
+    dq_trips = tuple(sp.dq_kv_blocks(m) for kind, m, _ in progs if kind == "dq")
     dq_step = Step(mma_flops=2 * BM * BN * d, load_bytes=BN * BM * 2 + BN * d * 2, phases=1,
                    l2_trips=v.trip_trips)
     dq_fixed = Step(load_bytes=rope, store_bytes=BM * d * 2, alu_ops=6 * BM * d,

@@ -1,7 +1,7 @@
-"""Oracles of plan/kernels/attention.py's split launches — the forward's chunk programs and their
-merge, the backward's dK/dV chunks (with the bf(ds)ᵀ tiles) and the dQ / dK / dV merge — each on
-the (block, chunk, head) work plan/attention_split.py gives the sampled programs, against the
-reference attention computed block by block as the kernels recur."""
+"""Oracles of plan/kernels/attention.py's launches — the fused forward's (query block, head)
+programs, the backward's dK/dV chunks (with the bf(ds)ᵀ tiles) and the dQ / dK / dV merge — each
+on the work plan/attention_split.py gives the sampled programs, against the reference attention
+computed block by block as the kernels recur."""
 from __future__ import annotations
 
 import types
@@ -11,7 +11,7 @@ import numpy as np
 from coppelius.plan import reference as ref
 from coppelius.plan.attention_split import AttentionSplit
 
-from tests.support.production.harness import T_ATT_GRAD, T_ATT_GRAD16, T_ATT_OUT, T_ELEM, T_LSE, T_ULP, oracle
+from tests.support.production.harness import T_ATT_GRAD, T_ATT_GRAD16, T_ATT_OUT, T_LSE, T_ULP, oracle
 from tests.support.production.programs import attention_split_of, sample, span
 
 
@@ -49,35 +49,35 @@ def _scores(q, k, rows, cols, head, kv, d):
 
 @oracle("attention_fwd")
 class _AttentionFwd:
-    """One (query block, kv chunk, head) program: the chunk's row max m_c, row sum l_c and
-    unnormalized acc_c = Σ bf(exp(s − m))·bf(v) over its kv blocks, with the running max m of the
-    flash recurrence block by block (p is rounded against it: NUMERICS.md's one ulp of p)."""
+    """One (query block, head) program over its whole causal range: the flash recurrence key
+    block by key block (the launch's BLOCK_N rows) with the running max m (p is rounded against
+    it: NUMERICS.md's one ulp of p), then o = acc / l (o32, o16) and lse = m + log l."""
 
     def setup(self, case):
         T, H, G, d, q, k, v = _attention_inputs(case)
-        sp = attention_split_of(case)
-        case.output("o_part_ptr", (sp.fwd_slots, T, H * d), T_ATT_OUT)
-        case.output("ml_part_ptr", (sp.fwd_slots, 2, H, T), T_LSE)
+        case.output("o16_ptr", (T, H * d), T_ULP)
+        case.output("o32_ptr", (T, H * d), T_ATT_OUT)
+        case.output("lse_ptr", (H, T), T_LSE)
 
     def programs(self, case):
         sp = attention_split_of(case)
         progs = sp.fwd_programs()
-        # the first program of a ragged last chunk, and the full chunk before it
-        ragged = [i for i, (m, c, _) in enumerate(progs) if sp.fwd_chunk_trips(m, c) < sp.fwd_chunk]
-        return sample(len(progs), *[i for i in ragged[:1] for i in (i - 1, i) if i >= 0])
+        # the last program of the shortest rows (its key block partly past them, where
+        # BLOCK_N > BLOCK_M) and the first of the longest
+        return sample(len(progs), sp.heads - 1, len(progs) - sp.heads)
 
     def expect(self, case, pid):
         T, H, d = case.scalar("T"), case.const("HEADS"), case.const("HEAD_DIM")
         sp = attention_split_of(case)
-        m, c, head = sp.fwd_programs()[pid]
+        m, head = sp.fwd_programs()[pid]
         q, k, v = (case.data["qkv_ptr"][:, a:b] for a, b in _qkv_cols(case))
         kv = head // sp.group
-        rows = span(m, sp.block_m, T)
+        rows, hd = span(m, sp.block_m, T), slice(head * d, (head + 1) * d)
         mi = np.full(rows.stop - rows.start, -np.inf, np.float32)
         li = np.zeros_like(mi)
         acc = np.zeros((rows.stop - rows.start, d), np.float32)
-        for b in range(c * sp.fwd_chunk, c * sp.fwd_chunk + sp.fwd_chunk_trips(m, c)):
-            cols = span(b, sp.block_n, T)
+        for b in range(sp.fwd_trips(m)):
+            cols = span(b, sp.fwd_block_n, T)
             s = _scores(q, k, rows, cols, head, kv, d)
             m_new = np.maximum(mi, s.max(1))
             alpha = np.exp(mi - m_new)
@@ -85,9 +85,10 @@ class _AttentionFwd:
             li = li * alpha + p.sum(1, dtype=np.float32)
             acc = acc * alpha[:, None] + ref.bf16(p) @ ref.bf16(v[cols, kv * d:(kv + 1) * d])
             mi = m_new
-        yield "ml_part_ptr", (c, 0, head, rows), mi
-        yield "ml_part_ptr", (c, 1, head, rows), li
-        yield "o_part_ptr", (c, rows, slice(head * d, (head + 1) * d)), acc
+        o = acc / li[:, None]
+        yield "o32_ptr", (rows, hd), o
+        yield "o16_ptr", (rows, hd), ref.bf16(o)
+        yield "lse_ptr", (head, rows), mi + np.log(li)
 
 
 def _qkv_cols(case):
@@ -106,49 +107,6 @@ def _slots(shape_of_slot, sp: AttentionSplit, used, rng, blocks: int, block: int
                 index[axis] = slice(b * block, (b + 1) * block)
                 x[tuple(index)] = np.nan
     return x
-
-
-@oracle("attention_fwd_merge")
-class _AttentionFwdMerge:
-    """o32, o16, lse of one (query block, head) from its chunks' partials (random here, NaN in the
-    slots the block does not use), merged in chunk order as numpy does it."""
-
-    def setup(self, case):
-        T, H, d = case.scalar("T"), case.const("HEADS"), case.const("HEAD_DIM")
-        sp = attention_split_of(case)
-        used = lambda m, c: c < sp.fwd_chunks(m)  # noqa: E731
-        o = _slots((sp.fwd_slots, T, H * d), sp, used, case.rng, sp.q_blocks, sp.block_m, 1)
-        ml = _slots((sp.fwd_slots, 2, H, T), sp, used, case.rng, sp.q_blocks, sp.block_m, 3)
-        ml[:, 0] *= 4                                                   # row maxima
-        ml[:, 1] = np.abs(ml[:, 1]) * 8 + 1                             # row sums ≥ 1
-        case.input("o_part_ptr", values=o)
-        case.input("ml_part_ptr", values=ml)
-        case.output("o32_ptr", (T, H * d), T_ELEM)
-        case.output("o16_ptr", (T, H * d), T_ULP)
-        case.output("lse_ptr", (H, T), T_ELEM)
-
-    def programs(self, case):
-        n = case.launch.grid[0]
-        return sample(n, case.const("HEADS"))
-
-    def expect(self, case, pid):
-        T, H, d = case.scalar("T"), case.const("HEADS"), case.const("HEAD_DIM")
-        sp = attention_split_of(case)
-        m, head = sp.fwd_merge_programs()[pid]
-        rows, cols = span(m, sp.block_m, T), slice(head * d, (head + 1) * d)
-        n = sp.fwd_chunks(m)
-        mc = case.data["ml_part_ptr"][:n, 0, head, rows]                # (n, R)
-        lc = case.data["ml_part_ptr"][:n, 1, head, rows]
-        M = mc.max(0)
-        w = np.exp(mc - M)
-        l, acc = np.zeros_like(M), np.zeros((rows.stop - rows.start, d), np.float32)
-        for c in range(n):
-            l = l + lc[c] * w[c]
-            acc = acc + case.data["o_part_ptr"][c, rows, cols] * w[c][:, None]
-        o = acc / l[:, None]
-        yield "o32_ptr", (rows, cols), o
-        yield "o16_ptr", (rows, cols), ref.bf16(o)
-        yield "lse_ptr", (head, rows), M + np.log(l)
 
 
 @oracle("attention_bwd")
@@ -241,7 +199,7 @@ class _AttentionBwdDq:
         k = case.data["qkv_ptr"][:, H * d:(H + G) * d]
         if kind == "dq":
             rows, g = span(block, sp.block_m, T), head // sp.group
-            keys = slice(0, sp.fwd_kv_blocks(block) * sp.block_n)
+            keys = slice(0, sp.dq_kv_blocks(block) * sp.block_n)
             ds = case.data["ds_ptr"][head, keys, rows].T                # (BM, keys), bf16 values
             dq = ds @ ref.bf16(k[keys, g * d:(g + 1) * d])
             yield ("dqkv_ptr", (rows, slice(head * d, (head + 1) * d)),

@@ -124,10 +124,11 @@ def weight_grad_program(pid: int, tiles: list[int], programs: int) -> list[tuple
 
 def attention_split_of(case) -> AttentionSplit:
     """The attention launch's program → work mapping (plan/attention_split.py, which the kernels'
-    id decode follows) from its T and constexprs."""
+    id decode follows) from its T and constexprs; BLOCK_N is the launch's own key block (the
+    forward's, or the backward's)."""
     c = dict(case.launch.constexprs)
     return AttentionSplit(case.scalar("T"), c["BLOCK_M"], c["BLOCK_N"], c["HEADS"],
-                          c.get("KV_HEADS", c["HEADS"]), c.get("FWD_CHUNK", 1), c.get("BWD_CHUNK", 1))
+                          c.get("KV_HEADS", c["HEADS"]), c["BLOCK_N"], c.get("BWD_CHUNK", 1))
 
 
 def rmsnorm_bwd_gain_program(pid: int, T: int, BLOCK_R: int):
