@@ -1,21 +1,19 @@
 """A stand-in for `cuda.bindings.driver` that runs on the CPU, for testing the cuda backend's logic.
 
-Device memory is host memory (so copies are real); the mapped staging region's device address is
-its host address plus DEVICE_ALIAS, so a wrong pointer is caught.  Launches are recorded; a graph
-launch replays them, executing only the hand-written kernels — release (doorbell → semaphore
-record) and release_stage_in (the input record and doorbell into device memory, then the
-pre-launch record) — which is all the run loop needs to observe fences.  Every call returns
-`(CUresult, *values)` like the bindings.  Modules load through cuModuleLoadDataEx with JIT logs
-written into the caller's buffers; a device's opt-in shared memory, per-function attributes, JIT
-refusals and a hung stream are configurable.
-Timing events record the host clock when the (synchronous) fake stream reaches them.
-Stream capture is tracked per stream as the driver does: a captured operation becomes a graph node
-whose dependencies are its stream's frontier; cuEventRecord on a capturing stream remembers that
-frontier and cuStreamWaitEvent adds it to the waiting stream's (a stream not yet capturing joins
-the capture); cuStreamEndCapture refuses a capture whose other streams are not joined back.  The
-captured nodes and their edges are kept (`graphs[handle]`: `Node`s) so a test can compare them
-with the plan's dependency graph; a graph launch runs the nodes in capture order.  A captured
-kernel node takes its stream's priority (clamped to a configurable range), as the driver's do.
+Device memory is host memory, copies real; mapped staging is seen at its host address plus
+DEVICE_ALIAS, so a wrong pointer is caught.  Launches are recorded; a graph launch replays them,
+executing only the hand-written kernels: release (doorbell → semaphore record) and release_stage_in
+(the input record and doorbell into device memory, then the pre-launch record), all the run loop
+needs to observe fences, and the device check's calibration kernels (emulated:
+tools/gpu_check/fake_calibration.py).  Every call returns `(CUresult, *values)` like the bindings.
+Modules load through cuModuleLoadDataEx, JIT logs into the caller's buffers; opt-in shared memory,
+function attributes, JIT refusals and a hung stream are configurable.  Timing events record the
+host clock when the (synchronous) fake stream reaches them, or an emulated kernel's end.  Stream
+capture is tracked per stream: a captured operation becomes a node whose dependencies are its
+stream's frontier; cuEventRecord on a capturing stream remembers that frontier, cuStreamWaitEvent
+adds it to the waiting stream's (a stream not yet capturing joins); cuStreamEndCapture refuses a
+capture whose streams are not joined back.  The nodes (`graphs[handle]`, in capture order, as a
+graph launch runs them) keep their edges and their stream's (clamped) priority.
 """
 from __future__ import annotations
 
@@ -27,6 +25,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 from coppelius.staging import layout as L
+from tools.gpu_check.fake_calibration import DEVICE_ATTRIBUTES, FUNCTION_ATTRIBUTES, FakeCalibration
 
 DEVICE_ALIAS = 0x7000_0000_0000        # mapped memory's device address = host address + this
 
@@ -245,7 +244,7 @@ class _Modules:
         self.shared_opt_ins[f] = value
         return (OK,)
 
-    # ---- timing events: "device time" is host time here (the fake runs work as it is enqueued)
+    # ---- timing events: "device time" is host time (the fake runs work as it is enqueued) or later
     def cuEventCreate(self, flags):
         handle = max(self.events, default=0) + 1
         self.events[handle] = None
@@ -260,7 +259,7 @@ class _Modules:
         if c is not None and stream in c.frontier:     # the stream's frontier, for a wait
             c.events[event] = c.frontier[stream]
             return (OK,)
-        return self._op(lambda: self.events.__setitem__(event, time.perf_counter_ns()), stream)
+        return self._op(lambda: self.events.__setitem__(event, self.device_now(stream)), stream)
 
     def cuEventSynchronize(self, event):
         if self.busy:
@@ -380,7 +379,7 @@ class _Graphs:
         return (OK,)
 
 
-class FakeDriver(_Graphs, _Modules, _Device):
+class FakeDriver(FakeCalibration, _Graphs, _Modules, _Device):
     """The bindings' names the backend reads; the fake device's state and options (__init__)."""
     CUresult = CUresult
     CU_MEMHOSTALLOC_PORTABLE = 1
@@ -388,7 +387,8 @@ class FakeDriver(_Graphs, _Modules, _Device):
     CUdevice_attribute = SimpleNamespace(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR="major",
                                          CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR="minor",
                                          CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY="map",
-                                         CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN="optin")
+                                         CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN="optin",
+                                         **DEVICE_ATTRIBUTES)
     CUstream_flags = SimpleNamespace(CU_STREAM_NON_BLOCKING=1)
     CUevent_flags = SimpleNamespace(CU_EVENT_DEFAULT=0, CU_EVENT_DISABLE_TIMING=2)
     CUstreamCaptureMode = SimpleNamespace(CU_STREAM_CAPTURE_MODE_THREAD_LOCAL=1)
@@ -405,7 +405,8 @@ class FakeDriver(_Graphs, _Modules, _Device):
                                            CU_FUNC_ATTRIBUTE_NUM_REGS="regs",
                                            CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES="local",
                                            CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES="static_shared",
-                                           CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK="max_threads")
+                                           CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK="max_threads",
+                                           **FUNCTION_ATTRIBUTES)
     CUjit_option = SimpleNamespace(CU_JIT_INFO_LOG_BUFFER="info",
                                    CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES="info_n",
                                    CU_JIT_ERROR_LOG_BUFFER="error",

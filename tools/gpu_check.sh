@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The device check: one budgeted command for a GPU machine.  Phases in the order of
-# what matters most (doctor, tiny, production, full-run, per-launch, experiments, sanitizer,
-# gpu-tests, torch, torch-default) under one budget; the report ($OUT/report.md, report.json,
+# what matters most (doctor, tiny, production, full-run, per-launch, experiments, calibration,
+# sanitizer, gpu-tests, torch, torch-default) under one budget; the report ($OUT/report.md, report.json,
 # logs.tar.gz and the phases' own files, 8 at most with whatever else $OUT holds) is rewritten
 # after every phase; the last lines of stdout are a short table.
 #

@@ -83,13 +83,15 @@ def test_dry_run_out_holds_at_most_eight_files_the_tee_among_them(dry_run):
         names = tar.getnames()
     for log in ("logs/doctor/doctor.log", "logs/tiny/verify.log", "logs/gpu-tests/pytest.log",
                 "logs/production/continuation-2.log", "logs/per-launch/per-launch.log",
-                "logs/experiments/experiments.log", "logs/sanitizer/memcheck.log",
+                "logs/experiments/experiments.log", "logs/calibration/calibration.log",
+                "logs/calibration/calibration.json", "logs/sanitizer/memcheck.log",
                 "logs/sanitizer/racecheck.log", "logs/torch/bench.log",
                 "logs/torch-default/bench-default.log"):
         assert log in names, (log, names)
     md = (out / "report.md").read_text()
     assert all(p.title in md for p in G.PHASES) and "check.log" in md
     assert "## Experiments" in md and "What the plan should keep" in md
+    assert "## Calibration (the cost model's inputs, measured)" in md
 
 
 def test_dry_run_figures_are_filled(dry_run):
@@ -170,6 +172,24 @@ def test_dry_run_per_launch_table_calibrates_the_cost_model(dry_run):
     bench = json.loads((out / "bench.json").read_text())
     assert [r["variant"] for r in bench["rows"]] == ["coppelius", "eager", "reduce-overhead",
                                                      "default"]
+
+
+def test_dry_run_calibration_sets_each_figure_beside_the_model(dry_run):
+    """The calibration ran its kernels on the fake driver (triton and torch blocked) and the
+    report sets every figure beside the input of tools/cost/inputs.py it calibrates; the fake
+    device's figures are round numbers, plainly no GPU's."""
+    _, _, report = dry_run
+    from tools.gpu_check import calibration_model as CM
+    from tools.gpu_check import fake_calibration as fake_cal
+    p = {x["name"]: x for x in report["phases"]}["calibration"]
+    assert p["errors"] == {} and p["model_unavailable"] is None
+    assert p["device"]["name"] == "Fake H200" and p["device"]["sms"] == fake_cal.FAKE_SMS
+    rows = {r["name"]: r for r in report["calibration"]}
+    assert set(rows) == set(CM.ROWS)
+    assert all(r["measured"] > 0 and r["central"] > 0 for r in rows.values())
+    assert rows["L2 read bandwidth"]["measured"] == fake_cal.FAKE_L2_BW / 1e12
+    assert rows["launch in a graph, full edge"]["measured"] == fake_cal.FAKE_LAUNCH_NS / 1e3
+    assert p["launch"]["programmatic"]["slope_s"] == pytest.approx(fake_cal.FAKE_LAUNCH_PDL_NS * 1e-9)
 
 
 # ---------------------------------------------------------------- the runner's rules

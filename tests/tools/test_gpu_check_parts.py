@@ -45,7 +45,7 @@ def test_the_product_runs_before_the_measurements_and_torch_runs_last():
     """Torch (a slow inductor compile) runs after the 10,000-step full run, last."""
     names = [p.name for p in G.PHASES]
     assert names == ["doctor", "tiny", "production", "full-run", "per-launch", "experiments",
-                     "sanitizer", "gpu-tests", "torch", "torch-default"]
+                     "calibration", "sanitizer", "gpu-tests", "torch", "torch-default"]
     assert set(G.GPU.capped_s) == {"torch", "torch-default"} == set(G.DRY.capped_s)
     assert set(G.GPU.predicted_s) == set(names) == set(G.DRY.predicted_s)
 
@@ -99,10 +99,11 @@ def test_every_cuda_run_and_tool_bounds_its_fences(tmp_path, mode):
     ctx = _Ctx(mode, tmp_path)
     run = commands.run_argv(ctx, "tiny", 2, tmp_path / "c.ckpt", tmp_path / "r.bin")
     tool = commands.cuda_tool(ctx, D.LAUNCHES, "--profile", "tiny")
-    for argv in (run, tool):
+    calibration = commands.cuda_tool(ctx, D.CALIBRATE, "--json", tmp_path / "c.json")
+    for argv in (run, tool, calibration):
         i = argv.index("--fence-timeout")
         assert float(argv[i + 1]) == G.FENCE_TIMEOUT_S
-    for phase in ("tiny", "production", "full-run", "per-launch", "experiments"):
+    for phase in ("tiny", "production", "full-run", "per-launch", "experiments", "calibration"):
         timeout = G.GPU.timeout_factor * G.GPU.predicted_s[phase] + G.GPU.timeout_extra_s
         assert G.FENCE_TIMEOUT_S < timeout / 2, phase   # the run ends itself, tail written
     assert G.SANITIZER_FENCE_TIMEOUT_S < G.GPU.timeout_factor * G.GPU.predicted_s["sanitizer"]

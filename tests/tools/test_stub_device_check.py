@@ -2,10 +2,13 @@
 
 The phases whose verdict needs no arithmetic run as they will on a GPU machine: doctor, the
 tiny and production runs' host path (runs, continuation, bit-identical reruns of the host's own
-records), the full run's host loop, per-launch timing, the capture experiments and the
-sanitizer phase's commands (no compute-sanitizer here: the commands run without it).  The stub
-computes no model math, so the numeric verdicts (verify against numpy, the interpret golden) are
-expected to fail and are not asserted; any violation the stub logged fails the test.
+records), the full run's host loop, per-launch timing, the capture experiments, the
+calibration's kernels (their parameters, shapes, shared memory and graphs through the real
+bindings) and the sanitizer phase's commands (no compute-sanitizer here: the commands run
+without it).  The stub computes no model math and runs no calibration kernel, so the numeric
+verdicts (verify against numpy, the interpret golden) and the checks of what the calibration's
+kernels record are expected to fail and are not asserted; any violation the stub logged fails
+the test.
 """
 from __future__ import annotations
 
@@ -17,10 +20,13 @@ import sys
 import pytest
 
 from tests.support import stub_driver
+from tools.gpu_check.calibration_model import GUARD
 from tests.support.paths import ROOT
 
-PHASES = ("doctor", "tiny", "production", "full-run", "per-launch", "experiments", "sanitizer")
-NUMERIC = {"verify", "golden"}      # words of the checks that need the GPU's arithmetic
+PHASES = ("doctor", "tiny", "production", "full-run", "per-launch", "experiments", "calibration",
+          "sanitizer")
+# words of the checks that need the GPU's arithmetic (calibrate.GUARD: what its kernels record)
+NUMERIC = {"verify", "golden", GUARD}
 BUDGET_S, TIMEOUT_S = 300, 600
 
 
@@ -76,3 +82,8 @@ def test_the_runs_host_records_and_timing_come_back(checked):
     assert phases["per-launch"]["launches"] > 0 and phases["per-launch"]["graph_us_p50"] > 0
     variants = {e.get("capture") for e in report["experiments"]}
     assert {"plan", "full-edges", "one-lane", "noop-side-lane"} <= variants
+    # the calibration's figures the host times with events (the stub's clock is the host's)
+    timed = {r["name"]: r["measured"] for r in report["calibration"]}
+    for name in ("L2 read bandwidth", "HBM read bandwidth", "launch in a graph, full edge",
+                 "launch in a graph, programmatic edge", "two co-resident CTAs, latency-bound"):
+        assert timed[name] is not None and timed[name] > 0, name

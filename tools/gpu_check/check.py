@@ -1,4 +1,4 @@
-"""The device check: one budgeted command that turns a lent GPU machine into every verdict it can.
+"""The device check: one budgeted command that turns a GPU machine into every verdict it can.
 
   bash tools/gpu_check.sh [--budget S] [--out DIR]         # on a GPU machine (OUT defaults to $OUT)
   bash tools/gpu_check.sh --phases a,b --budget 170       # a rerun of the phases that failed
@@ -11,7 +11,8 @@ RERUN_WALL_S) fits in the same DEVICE_TIME_S of machine time with both machines'
 time counted (`time_plan`; docs/PERFORMANCE.md states it phase by phase).
 
 Phases run in the order of PHASES, what matters most first: the product (doctor, tiny, production,
-the full run), then the measurements, the sanitizer, the GPU tests the earlier phases did not
+the full run), then the measurements (per-launch timing, the capture experiments, the calibration
+of the cost model's inputs), the sanitizer, the GPU tests the earlier phases did not
 already cover, and torch last.  Each has a predicted duration (seconds, per mode: an input, the
 budget plan in docs/PERFORMANCE.md, or this CPU's dry run); a phase whose prediction exceeds what
 is left of the budget is skipped; a capped phase (Mode.capped_s: torch) starts while its minimum
@@ -21,7 +22,7 @@ out.py, the phases phases.py and device.py (this package; `python -m tools.gpu_c
 module's `main`, which tools/gpu_check.sh runs).
 
 --dry-run runs the same phases and code paths on a machine without a GPU: the cuda-only steps
-(doctor, per-launch timing, the experiments) through tools/fake_driver.py (fake.py),
+(doctor, per-launch timing, the experiments, the calibration) through tools/fake_driver.py (fake.py),
 every run on the interpret backend with the tiny profile and few steps, the sanitizer's commands
 without compute-sanitizer, torch on the CPU; the steps that must not need Triton on the GPU
 machine (its Triton is not the project's pin) run with triton and torch blocked.  A fresh run is
@@ -99,8 +100,8 @@ GPU = Mode("gpu", backend="cuda", production="coppelius", production_steps=200,
            compile_backend="inductor", fake=False, timeout_factor=2.0, timeout_extra_s=30.0,
            capped_s={"torch": 30, "torch-default": 30}, sanitizer_steps=2,
            predicted_s={"doctor": 15, "tiny": 35, "production": 45, "full-run": 50,
-                        "per-launch": 15, "experiments": 15, "sanitizer": 45, "gpu-tests": 15,
-                        "torch": 90, "torch-default": 45})
+                        "per-launch": 15, "experiments": 15, "calibration": 15, "sanitizer": 45,
+                        "gpu-tests": 15, "torch": 90, "torch-default": 45})
 # An idle 2-core CPU, measured (docs/PERFORMANCE.md): the interpreter's ~10 s per tiny step
 # dominates.  A shared CPU runs it several times slower, hence the wide timeouts: a dry run is for
 # executing every step, not for its timing.
@@ -110,8 +111,8 @@ DRY = Mode("dry-run", backend="interpret", production="tiny", production_steps=8
            compile_backend="aot_eager", fake=True, timeout_factor=5.0, timeout_extra_s=120.0,
            capped_s={"torch": 20, "torch-default": 20}, sanitizer_steps=1,
            predicted_s={"doctor": 6, "tiny": 180, "production": 60, "full-run": 3,
-                        "per-launch": 8, "experiments": 8, "sanitizer": 40, "gpu-tests": 20,
-                        "torch": 50, "torch-default": 35})
+                        "per-launch": 8, "experiments": 8, "calibration": 4, "sanitizer": 40,
+                        "gpu-tests": 20, "torch": 50, "torch-default": 35})
 
 
 def for_profile(mode: Mode, profile: str | None, tiny_steps: int | None) -> Mode:
@@ -140,12 +141,14 @@ PHASES = [
           D.phase_per_launch),
     Phase("experiments", "6. experiments: edges, lanes, the side lane (graph replays)",
           D.phase_experiments),
-    Phase("sanitizer", "7. compute-sanitizer: memcheck of tiny steps, racecheck of attention "
+    Phase("calibration", "7. calibration: L2 bandwidth, latencies, launch cost, co-resident CTAs "
+          "beside the cost model's inputs", D.phase_calibration),
+    Phase("sanitizer", "8. compute-sanitizer: memcheck of tiny steps, racecheck of attention "
           "and weight gradients", D.phase_sanitizer),
-    Phase("gpu-tests", "8. pytest -m gpu (what the phases before did not cover)",
+    Phase("gpu-tests", "9. pytest -m gpu (what the phases before did not cover)",
           phases.phase_gpu_tests),
-    Phase("torch", "9. PyTorch eager and reduce-overhead side by side (capped)", D.phase_torch),
-    Phase("torch-default", "10. torch.compile default mode (capped)", D.phase_torch_default),
+    Phase("torch", "10. PyTorch eager and reduce-overhead side by side (capped)", D.phase_torch),
+    Phase("torch-default", "11. torch.compile default mode (capped)", D.phase_torch_default),
 ]
 
 

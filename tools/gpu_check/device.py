@@ -1,4 +1,5 @@
-"""The device check's measurement phases: per-launch timing, the experiments, the sanitizer, torch.
+"""The device check's measurement phases: per-launch timing, the experiments, the calibration, the
+sanitizer, torch.
 
 Each phase is a function of a runner.Context (check.py orders them).  The
 sanitizer runs `compute-sanitizer` where the machine has it; where it has not (the dry run) the
@@ -15,6 +16,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from tools.gpu_check.calibration_model import GUARD, RECORDED
 from tools.gpu_check.commands import cli, cuda_tool, expect_run, production_run
 from tools.gpu_check.report import fmt
 from tools.gpu_check.runner import Context, PhaseTimeout
@@ -27,6 +29,7 @@ RACECHECK_LAUNCHES = r"^(attention|weight_grad)"    # matched against the launch
 REPORT_LINES = 12           # a sanitizer's first report lines quoted
 BENCH = "tools.bench_torch"     # run with -m from the repository root
 LAUNCHES = "tools.gpu_check.launches"
+CALIBRATE = "tools.gpu_check.calibrate"
 ERRORS = re.compile(r"ERROR SUMMARY: (\d+) errors?")
 HAZARDS = re.compile(r"RACECHECK SUMMARY: (\d+) hazards? displayed \((\d+) errors?, "
                      r"(\d+) warnings?\)")
@@ -84,6 +87,50 @@ def phase_experiments(ctx: Context) -> str:
                all(r["per_launch_us"] is not None for r in j["experiments"]
                    if r["graph_us"] is None))
     return "; ".join(f"{d['name']}: {d['keep'] or d['why']}" for d in j["decisions"])
+
+
+def calibration_summary(rows: list) -> str:
+    """The table's line: each figure, the model's central beside it."""
+    by = {r["name"]: r for r in rows}
+
+    def x(name, short):
+        r = by.get(name) or {}
+        return f"{short} {fmt(r.get('measured'), '.3g')} ({fmt(r.get('central'), '.3g')})"
+    return ("measured (model central): " + ", ".join([
+        x("L2 read bandwidth", "L2 TB/s"), x("HBM read bandwidth", "HBM TB/s"),
+        x("L2 hit latency, unloaded", "L2 µs"), x("L2 hit latency, loaded", "loaded"),
+        x("HBM latency, unloaded", "HBM µs"), x("HBM latency, loaded", "loaded"),
+        x("launch in a graph, full edge", "launch µs"),
+        x("launch in a graph, programmatic edge", "programmatic"),
+        x("dependent fp32 FMA", "FMA cycles"),
+        x("two co-resident CTAs, latency-bound", "2 CTAs/SM ×"),
+        x("two co-resident CTAs, issue-bound", "issue-bound ×")]))
+
+
+def phase_calibration(ctx: Context) -> str:
+    """The cost model's inputs measured by hand-written kernels (tools/gpu_check/calibrate.py),
+    each beside the model's optimistic, central and pessimistic value."""
+    path = ctx.logs / "calibration.json"
+    t = ctx.sh("calibration", cuda_tool(ctx, CALIBRATE, "--json", path))
+    ctx.require("the calibration wrote its figures", path.exists(), t)
+    j = json.loads(path.read_text())
+    ctx.check.report["calibration"] = j["rows"]
+    ctx.figures.update(device=j.get("device"), model_unavailable=j["model_unavailable"],
+                       experiment_seconds=j.get("seconds"), errors=j["errors"],
+                       launch=j.get("launch"), chains=(j.get("chase") or {}).get("chains"))
+    ctx.expect("every calibration experiment ran", t.rc == 0 and not j["errors"], t)
+    for c in j["checks"]:
+        ctx.expect(c["check"], c["ok"], c.get("detail"))
+    no_pdl = "compute capability" in str((j.get("launch") or {}).get("programmatic_unavailable"))
+    missing = [r["name"] for r in j["rows"] if r["measured"] is None
+               and not (r["input"] == "LAUNCH_PDL" and no_pdl)]
+    for recorded in (False, True):      # timed by events; read from what the kernels recorded
+        which = [m for m in missing if (m in RECORDED) == recorded]
+        ctx.expect("every figure the kernels record measured " + GUARD if recorded else
+                   "every figure timed by events measured", not which, which)
+    ctx.expect("the model's inputs read beside them (tools/cost/inputs.py)",
+               j["model_unavailable"] is None, j["model_unavailable"])
+    return calibration_summary(j["rows"])
 
 
 def sanitizer_path() -> str | None:

@@ -53,15 +53,24 @@ def phase_doctor(ctx: Context) -> str:
             f"{ctx.figures['registers_max']}, {len(spilled)} spilling, {checks.get('device')}")
 
 
-def _tiny_digests(ctx: Context) -> dict:
-    """Step 0 of a fresh one-step tiny run digested launch by launch (`--digests`), bisected
-    against the interpret golden's digests under the tolerances across backends: a tiny run that
-    does not match the golden names its first divergent kernel."""
+def _start_tiny_digests(ctx: Context):
+    """Start a fresh one-step tiny run that digests step 0 launch by launch (`--digests`); it
+    runs beside the phase's two runs (it reads nothing of theirs), which saves its time on a
+    machine with a core or a GPU to spare.  -> (the started command, result, digests)."""
     d = ctx.work / "runs" / "tiny-digests"
     d.mkdir(parents=True)
     ckpt, result, digests = d / "tiny.ckpt", d / "result.bin", d / "digests.json"
     ckpt.write_bytes(b"")
-    r = ctx.sh("digests", run_argv(ctx, "tiny", 1, ckpt, result) + ["--digests", digests])
+    return ctx.start("digests", run_argv(ctx, "tiny", 1, ckpt, result) + ["--digests", digests]), \
+        result, digests
+
+
+def _tiny_digests(ctx: Context, started) -> dict:
+    """The digests run's step 0 bisected against the interpret golden's digests under the
+    tolerances across backends: a tiny run that does not match the golden names its first
+    divergent kernel."""
+    run, result, digests = started
+    r = ctx.wait(run)
     if not expect_run(ctx, "a one-step tiny run with --digests (step 0, launch by launch)", r,
                       result):
         return {"bisect": None}
@@ -95,8 +104,10 @@ def _bisect_summary(bisect: dict | None) -> str:
 
 def phase_tiny(ctx: Context) -> str:
     """Two fresh tiny runs bit-identical (results and checkpoints); verify against numpy; against
-    the interpret golden; step 0's digests bisected against the golden's."""
+    the interpret golden; step 0's digests (a third run, beside the two) bisected against the
+    golden's.  A failed run ends the phase; the runner then ends the digests run too."""
     steps = ctx.mode.tiny_steps
+    digests = _start_tiny_digests(ctx)
     a, b = fresh_runs(ctx, [("a", "tiny", steps), ("b", "tiny", steps)])
     if not (a.done.rc == 0 and b.done.rc == 0):
         raise PhaseFailed("a tiny run failed")
@@ -120,7 +131,7 @@ def phase_tiny(ctx: Context) -> str:
         identity=[r for r in gj.get("identity", []) if r.get("differs")],
         run_seconds=[round(a.done.seconds, 1), round(b.done.seconds, 1)],
         tiny=figures.run_figures(a.result))
-    ctx.figures.update(_tiny_digests(ctx))
+    ctx.figures.update(_tiny_digests(ctx, digests))
     return (f"runs {a.done.seconds:.0f}+{b.done.seconds:.0f} s, diff exit {d.rc}, verify exit "
             f"{v.rc}, golden: {gj.get('verdict')}; {_bisect_summary(ctx.figures['bisect'])}")
 

@@ -97,6 +97,22 @@ def experiments_markdown(report: dict) -> list[str]:
     return out
 
 
+def calibration_markdown(report: dict) -> list[str]:
+    """Each calibration figure beside the cost model's input it calibrates."""
+    rows = report.get("calibration")
+    if not rows:
+        return []
+    out = ["", "## Calibration (the cost model's inputs, measured)", "",
+           "| what | input | measured | optimistic | central | pessimistic | unit | within | how |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        within = "—" if r.get("within") is None else ("yes" if r["within"] else "**no**")
+        out.append(f"| {r['name']} | `{r['input']}` | {fmt(r['measured'], '.4g')} | "
+                   f"{fmt(r.get('optimistic'), '.4g')} | {fmt(r.get('central'), '.4g')} | "
+                   f"{fmt(r.get('pessimistic'), '.4g')} | {r['unit']} | {within} | {r['how']} |")
+    return out
+
+
 def report_markdown(report: dict) -> str:
     m = report["machine"]
     out = [f"# Coppelius device check ({report['mode']}) — {report['started_utc']}", "",
@@ -135,4 +151,5 @@ def report_markdown(report: dict) -> str:
                        f"{fmt(pred, '.1f')} | {fmt(r.get('ratio_central'), '.2f')} | "
                        f"{r.get('binding') or '—'} |")
     out += experiments_markdown(report)
+    out += calibration_markdown(report)
     return "\n".join(out) + "\n"
