@@ -38,7 +38,7 @@ from coppelius.driver.stream import Stream
 
 DRAIN_TIMEOUT_S = 10.0      # close waits this long for issued work before leaving memory to exit
 REFUSALS_SHOWN = 4          # kernels named in a refusal; the rest are counted
-SHARED_HINT = ("the sm_80 kernels need up to 65,536 B of shared memory per block: an A100 (cc 8.0), "
+SHARED_HINT = ("the sm_80 kernels need up to 73,728 B of shared memory per block: an A100 (cc 8.0), "
                "an H100/H200 (cc 9.0) and the cc 8.6/8.9/12.0 GPUs (about 99 KiB) allow that "
                "(README: which GPUs run)")
 THREADS_HINT = ("the JIT gave it more registers than that many threads can hold; "
