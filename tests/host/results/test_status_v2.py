@@ -1,6 +1,6 @@
 """Status block version 2 (FORMATS §4): the GPU's UUID, PCI bus id and the host name in the same
 160 bytes; the reader gives either version as one record; diff counts the identity and the version
-as environment fields; a version-1 file (the committed golden) still reads."""
+as environment fields; a version-1 file (a run's result kept from before version 2) still reads."""
 from __future__ import annotations
 
 import socket
@@ -19,6 +19,9 @@ from tests.support.paths import ROOT
 from tests.support.result_synth import synthesize
 
 GOLDEN = ROOT / "tests" / "golden" / "tiny-result-c0.bin"
+# The tiny golden as a run wrote it before status block version 2 (and before the fused
+# attention forward moved a few of its bits): real version-1 bytes, never rewritten.
+GOLDEN_V1 = ROOT / "tests" / "golden" / "tiny-result-c0-status-v1.bin"
 GPU = GpuIdentity(3, "NVIDIA H200", bytes(range(0xA0, 0xB0)), "0000:9a:00.0")
 
 
@@ -85,10 +88,18 @@ def test_identity_never_makes_two_v2_files_differ_but_numbers_do(tmp_path):
 
 
 def test_the_v1_golden_still_reads():
-    rf = RF.read(GOLDEN)
+    rf = RF.read(GOLDEN_V1)
     assert rf.status_version == 1 and rf.outcome == "completed"
     assert int(rf.status["update_count"]) == rf.steps
     assert len(rf.checkpoint_digest()) == 64 and rf.gpu_identity()["gpu_uuid"] == ""
+
+
+def test_the_current_golden_is_v2_and_diff_reads_the_two_versions_side_by_side():
+    new, old = RF.read(GOLDEN), RF.read(GOLDEN_V1)
+    assert new.status_version == R.STATUS_VERSION == 2
+    assert (new.steps, int(new.status["c0"])) == (old.steps, int(old.status["c0"]))
+    rep = compare(old, new)
+    assert "status.version" in rep["environment_fields"]
 
 
 def test_the_run_writes_v2_with_gpu_and_host():
