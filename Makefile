@@ -4,6 +4,9 @@
 #            profile on the interpret backend, then `inspect --plot` and `verify`
 PYTHON ?= python3
 PIP_ARGS ?=                     # passed to every pip install (e.g. an index of CPU-only torch wheels)
+# pytest-xdist workers of `make test`, each taking whole test files (a file's fixtures run once);
+# two: CI's cores (a fresh clone's suite 12 min 18 s on one, 8 min 10 s on two, docs/performance/ci.md)
+TEST_WORKERS ?= 2
 VENV := .venv
 BIN := $(VENV)/bin
 DEMO := coppelius-demo
@@ -41,7 +44,7 @@ run: $(VENV)/.runtime
 	$(BIN)/coppelius run $(ARGS)
 
 test: $(VENV)/.dev
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # a fresh start every time (an empty checkpoint file); the tiny stream stays cached in $(DEMO)/
 demo: $(VENV)/.demo
