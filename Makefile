@@ -5,7 +5,7 @@
 PYTHON ?= python3
 PIP_ARGS ?=                     # passed to every pip install (e.g. an index of CPU-only torch wheels)
 # pytest-xdist workers of `make test`, each taking whole test files (a file's fixtures run once);
-# two: CI's cores (a fresh clone's suite 12 min 18 s on one, 8 min 10 s on two, docs/performance/ci.md)
+# two: CI's cores (a fresh clone's pytest here: 12 min 18 s on one, 8 min 14 s on two; docs/performance/ci.md)
 TEST_WORKERS ?= 2
 VENV := .venv
 BIN := $(VENV)/bin
