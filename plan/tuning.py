@@ -60,7 +60,11 @@ H200 = Tuning(mm_tiles=((128, 128), (128, 64), (64, 64)), mm_min_programs=120, m
               # ≤ 12 trips per dK/dV program: 124 programs at 2 per SM fit the 67 SMs the side
               # lane leaves (5 trips: 244 programs, two rounds there; model 1441 → 1425 µs central)
               attn_fwd_n=128, attn_fwd_stages=3, attn_bwd_chunk=12,
-              ce_rows=1, ce_warps=16, cast_block=2048, cast_warps=8, vocab_block=16,
+              # one row of 12,288 logits per program on 8 warps: 128 registers, so 2 CTAs per
+              # SM and the 1,024 rows in 4 rounds (16 warps: 76 registers × 512 threads left room
+              # for one CTA, 8 rounds; model 35 → 20 µs, the update 1711 → 1696 µs central;
+              # 4 warps: 255 registers, 19 µs; docs/PERFORMANCE.md)
+              ce_rows=1, ce_warps=8, cast_block=2048, cast_warps=8, vocab_block=16,
               vocab_warps=8,
               # 128 rows per gain-column trip: 8 unprefetched trips on its chain instead of 16
               gain_cols=32, gain_rows=128,
