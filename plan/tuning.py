@@ -57,9 +57,12 @@ H200 = Tuning(mm_tiles=((128, 128), (128, 64), (64, 64)), mm_min_programs=120, m
               # (query block, head), its longest row 1,024 keys in 8 trips of 128 keys (16 of 64:
               # 17.6 µs alone, model); 3 stages copy K/V two trips ahead, so no trip waits on L2
               # (ptxas: 157 registers on sm_90a, 197 on sm_80, no spill; 256 keys spill on sm_80).
-              # ≤ 12 trips per dK/dV program: 124 programs at 2 per SM fit the 67 SMs the side
-              # lane leaves (5 trips: 244 programs, two rounds there; model 1441 → 1425 µs central)
-              attn_fwd_n=128, attn_fwd_stages=3, attn_bwd_chunk=12,
+              # ≤ 11 trips per dK/dV program: 128 programs at 2 per SM beside the side lane (5
+              # trips: 244 programs, two rounds there).  The co-residency model's sweep, central µs:
+              # 6 / 8 / 9 / 10 / 11 / 12 / 16 trips → 1699 / 1686 / 1671 / 1672 / 1679 / 1696 /
+              # 1696; 11 lowers all three scenarios (1304 / 1696 / 2362 → 1282 / 1679 / 2357), 9
+              # and 10 raise the pessimistic one (docs/PERFORMANCE.md)
+              attn_fwd_n=128, attn_fwd_stages=3, attn_bwd_chunk=11,
               # one row of 12,288 logits per program on 8 warps: 128 registers, so 2 CTAs per
               # SM and the 1,024 rows in 4 rounds (16 warps: 76 registers × 512 threads left room
               # for one CTA, 8 rounds; model 35 → 20 µs, the update 1711 → 1696 µs central;
