@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 
 from coppelius.plan.attention_split import attention_split
-from coppelius.plan.tuning import ssq_parts, tuning
+from coppelius.plan.tuning import dn_partials, ssq_parts, tuning
 from coppelius.staging import layout
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "i32": 4, "u32": 4}
@@ -87,7 +87,7 @@ def buffers(profile) -> dict[str, BufferSpec]:
                    "summed in order by residual_norm (every layer reuses them)"),
         BufferSpec("logits", "fp32", (T, V), "head output"),
         BufferSpec("dlogits16", "bf16", (T, V), "bf((softmax − onehot)/T)"),
-        BufferSpec("dn", "fp32", (max(tu.dn_splits, tu.qkv_dh_splits), T, D),
+        BufferSpec("dn", "fp32", (dn_partials(tu), T, D),
                    "gradient at a norm output (dhf, dh): "
                    "split-K partials, summed in order by the norm backward"),
         BufferSpec("dres", "fp32", (T, D), "residual-stream gradient"),

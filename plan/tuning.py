@@ -49,6 +49,9 @@ class Tuning:
     swiglu_tiles: tuple[tuple[int, int], ...] = ()   # SwiGLU-forward tiles ((): mm_tiles)
     delta_tiles: tuple[tuple[int, int], ...] = ()    # out_proj-backward dO + delta tiles
     attn_fwd_stages: int = 3                     # attention_fwd's pipeline stages (K/V copies ahead)
+    head_tiles: tuple[tuple[int, int], ...] = ()     # the head's logits product tiles ((): mm_tiles)
+    head_dx_tile: tuple[int, int] = ()           # the head backward's dx tile ((): mm_tiles[0])
+    head_dx_splits: int = 0                      # … and its K ranges (0: dn_splits)
 
 
 H200 = Tuning(mm_tiles=((128, 128), (128, 64), (64, 64)), mm_min_programs=120, mm_block_k=64,
@@ -106,7 +109,16 @@ H200 = Tuning(mm_tiles=((128, 128), (128, 64), (64, 64)), mm_min_programs=120, m
               # E's absent rows on 32 programs beside the forward (16: 48 serial block trips, 152
               # µs on 16 SMs; 32: half the chain on 32 SMs; model 1400 → 1397 µs central, 24:
               # 1398; docs/PERFORMANCE.md)
-              decay_programs=32)
+              decay_programs=32,
+              # the head (K = 512, 12,288 columns) on 256 × 128 tiles, 8 warps: 186 registers, 1
+              # CTA per SM, 384 tiles in 3 rounds; each column of W read by 4 row tiles, not 8
+              # (L2 252 → 201 MB; model: the head 42 → 37 µs, the update 1679 → 1674 µs central)
+              head_tiles=((256, 128),),
+              # its dx (K = 12,288 into the final norm) on 256 × 128 tiles in 8 K ranges: 128
+              # programs as at 128 × 128 in 4, dlogits read twice per row where it was read four
+              # times (L2 210 → 168 MB with the partials; model 32 → 29 µs, its norm reads 8
+              # partials: 25 → 32 µs off the critical path)
+              head_dx_tile=(256, 128), head_dx_splits=8)
 # tiny keeps GPU-valid shapes (≤ 128 KiB shared memory: sm_80's 163 KiB and sm_90's 227 KiB hold
 # it) while the interpreter sees few programs: 128×128×128 matmul tiles, one stage.
 INTERPRETER = Tuning(mm_tiles=((128, 128),), mm_min_programs=1, mm_block_k=128, mm_warps=8,
@@ -126,6 +138,11 @@ TUNING = {"coppelius": H200, "tiny": INTERPRETER}
 def tuning(profile) -> Tuning:
     """The profile's meta-parameters (H200's for a profile without its own)."""
     return TUNING.get(profile.name, H200)
+
+
+def dn_partials(tu: Tuning) -> int:
+    """The most split-K partials any product into a norm writes (the dn buffer's planes)."""
+    return max(tu.dn_splits, tu.qkv_dh_splits, tu.head_dx_splits)
 
 
 def ssq_parts(tu: Tuning, T: int, D: int) -> int:

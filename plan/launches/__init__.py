@@ -91,7 +91,7 @@ def forward_pass(ctx: Context) -> list[Launch]:
     hf16 = ctx.slab("h16", last)
     out.append(launch_matmul.matmul(ctx, a=hf16, b=ctx.param("head", "w16"), c=ctx.buf("logits"),
                          aux=ctx.buf("logits"), M=ctx.T, N=ctx.V, K=ctx.D, b_transposed=True,
-                         epilogue=meta.EPI_F32, label="head"))
+                         epilogue=meta.EPI_F32, tiles=ctx.tu.head_tiles, label="head"))
     return out
 
 
@@ -114,7 +114,8 @@ def _loss_and_head_backward(ctx: Context, g: GradRefs) -> list[Launch]:
     last = norm_points(ctx.p) - 1
     x_final, h16_final, rstd_final = ctx.slab("resid", last), ctx.slab("h16", last), ctx.rstd(last)
     dx = launch_matmul.matmul_into_norm(ctx, a=g.dlogits16, b=ctx.param("head", "w16"), dn=g.dn, M=ctx.T,
-                             N=ctx.D, K=ctx.V, label="head_backward.dx")
+                             N=ctx.D, K=ctx.V, splits=ctx.tu.head_dx_splits,
+                             tile=ctx.tu.head_dx_tile, label="head_backward.dx")
     return [
         launch_builders.cross_entropy(ctx, logits=ctx.buf("logits"), inputs=ctx.inputs(),
                         targets=ctx.targets(),

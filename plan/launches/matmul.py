@@ -46,14 +46,16 @@ def _tiled(ctx: Context, function: str, args: dict, constexprs: dict, M: int, N:
 
 def matmul(ctx: Context, *, a: BufferRef, b: BufferRef, c: BufferRef, aux: BufferRef,
            M: int, N: int, K: int, epilogue: int, label: str,
-           a_transposed: bool = False, b_transposed: bool = False) -> Launch:
+           a_transposed: bool = False, b_transposed: bool = False, tiles=()) -> Launch:
     """c (M, N) = epilogue(bf(A) @ bf(B)); A stored (K, M) when a_transposed, B (N, K) when
-    b_transposed.  aux: the residual (EPI_RESIDUAL), [a | b] (EPI_SWIGLU_BWD), else unread."""
+    b_transposed.  aux: the residual (EPI_RESIDUAL), [a | b] (EPI_SWIGLU_BWD), else unread.
+    `tiles`: the tile candidates (empty: the SwiGLU backward's, or the usual rule's)."""
     return _tiled(ctx, "matmul", {"a_ptr": a, "b_ptr": b, "c_ptr": c, "aux_ptr": aux},
                   {"A_T": bool(a_transposed), "B_T": bool(b_transposed), "EPILOGUE": epilogue,
                    "SPLIT_K": 1},
                   M, N, K, label,
-                  tiles=ctx.tu.swiglu_bwd_tiles if epilogue == meta.EPI_SWIGLU_BWD else None)
+                  tiles=tiles or (ctx.tu.swiglu_bwd_tiles if epilogue == meta.EPI_SWIGLU_BWD
+                                  else None))
 
 
 def matmul_residual(ctx: Context, *, a: BufferRef, b: BufferRef, x: BufferRef, out: BufferRef,
@@ -70,16 +72,16 @@ def matmul_residual(ctx: Context, *, a: BufferRef, b: BufferRef, x: BufferRef, o
 
 def matmul_into_norm(ctx: Context, *, a: BufferRef, b: BufferRef, dn: BufferRef, M: int, N: int,
                      K: int, label: str, b_transposed: bool = False,
-                     splits: int | None = None) -> Launch:
+                     splits: int | None = None, tile: tuple[int, int] = ()) -> Launch:
     """dn (splits, M, N) fp32 partials of bf(A) @ bf(B), K split in `dn_splits` ranges: the
     N = D products whose consumer is a norm (backward, or the forward's residual_norm after the
     mlp down) that adds the partials in split order:
     the largest tile (4× the FLOP per loaded byte of a 64×64 one) and enough K ranges to fill
     the GPU instead of small tiles (`splits` overrides dn_splits; the consumer reads the launch's
-    SPLIT_K).  Without a split (1), the usual tile rule."""
+    SPLIT_K; `tile` overrides the largest tile).  Without a split (1), the usual tile rule."""
     tu = ctx.tu
-    splits = tu.dn_splits if splits is None else splits
-    tiles = (tu.mm_tiles[0],) if splits > 1 else None      # unsplit: the usual tile rule
+    splits = splits or tu.dn_splits
+    tiles = (tile or tu.mm_tiles[0],) if splits > 1 else None      # unsplit: the usual tile rule
     if splits * M * N > ctx.bufs[dn.buffer].elements - dn.offset:
         raise ValueError(f"{label}: {splits} partials of {M}×{N} do not fit buffer {dn.buffer}")
     return _tiled(ctx, "matmul", {"a_ptr": a, "b_ptr": b, "c_ptr": dn, "aux_ptr": dn},
