@@ -72,8 +72,11 @@ H200 = Tuning(mm_tiles=((128, 128), (128, 64), (64, 64)), mm_min_programs=120, m
               # 4 warps: 255 registers, 19 µs; docs/PERFORMANCE.md)
               ce_rows=1, ce_warps=8, cast_block=2048, cast_warps=8, vocab_block=16,
               vocab_warps=8,
-              # 128 rows per gain-column trip: 8 unprefetched trips on its chain instead of 16
-              gain_cols=32, gain_rows=128,
+              # 128 rows per gain-column trip: 8 unprefetched trips on its chain instead of 16;
+              # 16 columns a program: 32 gain programs, so the final norm's dg reading 8 dx
+              # partials (the head's dx below) keeps its chain on twice the SMs (model: 1666 →
+              # 1658 µs central; 8 columns 1667, 32 1666, 64 1668)
+              gain_cols=16, gain_rows=128,
               # 128×128 with the epilogue in column eighths on the bf16 [a|b]: 108 registers, no
               # spill (ptxas -v), so 2 blocks/SM and the 176 tiles in 1 round (quarters: 128; in
               # halves on fp32 [a|b]: 234, 1 block/SM, 2 rounds; docs/PERFORMANCE.md); 128×64
