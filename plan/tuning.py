@@ -52,6 +52,7 @@ class Tuning:
     head_tiles: tuple[tuple[int, int], ...] = ()     # the head's logits product tiles ((): mm_tiles)
     head_dx_tile: tuple[int, int] = ()           # the head backward's dx tile ((): mm_tiles[0])
     head_dx_splits: int = 0                      # … and its K ranges (0: dn_splits)
+    head_block_k: int = 0                        # both head products' K block (0: mm_block_k)
 
 
 H200 = Tuning(mm_tiles=((128, 128), (128, 64), (64, 64)), mm_min_programs=120, mm_block_k=64,
@@ -113,15 +114,20 @@ H200 = Tuning(mm_tiles=((128, 128), (128, 64), (64, 64)), mm_min_programs=120, m
               # µs on 16 SMs; 32: half the chain on 32 SMs; model 1400 → 1397 µs central, 24:
               # 1398; docs/PERFORMANCE.md)
               decay_programs=32,
-              # the head (K = 512, 12,288 columns) on 256 × 128 tiles, 8 warps: 186 registers, 1
-              # CTA per SM, 384 tiles in 3 rounds; each column of W read by 4 row tiles, not 8
+              # the head (K = 512, 12,288 columns) on 256 × 128 tiles, 8 warps: 1 CTA per SM
+              # (164 registers on sm_90a), 384 tiles in 3 rounds; each column of W read by 4 row tiles, not 8
               # (L2 252 → 201 MB; model: the head 42 → 37 µs, the update 1679 → 1674 µs central)
               head_tiles=((256, 128),),
               # its dx (K = 12,288 into the final norm) on 256 × 128 tiles in 8 K ranges: 128
               # programs as at 128 × 128 in 4, dlogits read twice per row where it was read four
               # times (L2 210 → 168 MB with the partials; model 32 → 29 µs, its norm reads 8
               # partials: 25 → 32 µs off the critical path)
-              head_dx_tile=(256, 128), head_dx_splits=8)
+              head_dx_tile=(256, 128), head_dx_splits=8,
+              # both in K blocks of 32: 3 stages of 256 × 128 at 64 take 147,456 B of shared
+              # memory, past the 101,376 B of cc 8.6 / 8.9 / 12.0 GPUs (README: which GPUs run
+              # it); at 32 73,728 B, the sm_80 build's largest need as before (model 1658 →
+              # 1660 µs central; 2 stages at 64: 1670)
+              head_block_k=32)
 # tiny keeps GPU-valid shapes (≤ 128 KiB shared memory: sm_80's 163 KiB and sm_90's 227 KiB hold
 # it) while the interpreter sees few programs: 128×128×128 matmul tiles, one stage.
 INTERPRETER = Tuning(mm_tiles=((128, 128),), mm_min_programs=1, mm_block_k=128, mm_warps=8,

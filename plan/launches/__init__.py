@@ -91,7 +91,8 @@ def forward_pass(ctx: Context) -> list[Launch]:
     hf16 = ctx.slab("h16", last)
     out.append(launch_matmul.matmul(ctx, a=hf16, b=ctx.param("head", "w16"), c=ctx.buf("logits"),
                          aux=ctx.buf("logits"), M=ctx.T, N=ctx.V, K=ctx.D, b_transposed=True,
-                         epilogue=meta.EPI_F32, tiles=ctx.tu.head_tiles, label="head"))
+                         epilogue=meta.EPI_F32, tiles=ctx.tu.head_tiles,
+                         block_k=ctx.tu.head_block_k, label="head"))
     return out
 
 
@@ -115,7 +116,8 @@ def _loss_and_head_backward(ctx: Context, g: GradRefs) -> list[Launch]:
     x_final, h16_final, rstd_final = ctx.slab("resid", last), ctx.slab("h16", last), ctx.rstd(last)
     dx = launch_matmul.matmul_into_norm(ctx, a=g.dlogits16, b=ctx.param("head", "w16"), dn=g.dn, M=ctx.T,
                              N=ctx.D, K=ctx.V, splits=ctx.tu.head_dx_splits,
-                             tile=ctx.tu.head_dx_tile, label="head_backward.dx")
+                             tile=ctx.tu.head_dx_tile, block_k=ctx.tu.head_block_k,
+                             label="head_backward.dx")
     return [
         launch_builders.cross_entropy(ctx, logits=ctx.buf("logits"), inputs=ctx.inputs(),
                         targets=ctx.targets(),

@@ -32,13 +32,15 @@ def warps_stages(ctx: Context, bm: int, bn: int) -> tuple[int, int]:
 
 
 def _tiled(ctx: Context, function: str, args: dict, constexprs: dict, M: int, N: int, K: int,
-           label: str, tiles=None, heads: int = 1, shape=None, split_k: int = 1) -> Launch:
+           label: str, tiles=None, heads: int = 1, shape=None, split_k: int = 1,
+           block_k: int = 0) -> Launch:
     """A matmul-family launch over (M, N) output tiles (× split_k K ranges): tile chosen, M/N/K
     appended to the arguments, the block constexprs to the kernel's own; `shape` overrides
-    (warps, stages)."""
+    (warps, stages), `block_k` the tuning's K block."""
     bm, bn, programs = tile(ctx, M, N, tiles, heads)
     num_warps, num_stages = shape or warps_stages(ctx, bm, bn)
-    blocks = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": ctx.tu.mm_block_k, "GROUP_M": GROUP_M}
+    blocks = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": block_k or ctx.tu.mm_block_k,
+              "GROUP_M": GROUP_M}
     return triton_launch(MODULE, function, (programs * split_k,),
                          args | {"M": i32(M), "N": i32(N), "K": i32(K)},
                          constexprs | blocks, num_warps=num_warps, num_stages=num_stages, label=label)
@@ -46,16 +48,18 @@ def _tiled(ctx: Context, function: str, args: dict, constexprs: dict, M: int, N:
 
 def matmul(ctx: Context, *, a: BufferRef, b: BufferRef, c: BufferRef, aux: BufferRef,
            M: int, N: int, K: int, epilogue: int, label: str,
-           a_transposed: bool = False, b_transposed: bool = False, tiles=()) -> Launch:
+           a_transposed: bool = False, b_transposed: bool = False, tiles=(),
+           block_k: int = 0) -> Launch:
     """c (M, N) = epilogue(bf(A) @ bf(B)); A stored (K, M) when a_transposed, B (N, K) when
     b_transposed.  aux: the residual (EPI_RESIDUAL), [a | b] (EPI_SWIGLU_BWD), else unread.
-    `tiles`: the tile candidates (empty: the SwiGLU backward's, or the usual rule's)."""
+    `tiles`: the tile candidates (empty: the SwiGLU backward's, or the usual rule's); `block_k`:
+    the K block (0: the tuning's)."""
     return _tiled(ctx, "matmul", {"a_ptr": a, "b_ptr": b, "c_ptr": c, "aux_ptr": aux},
                   {"A_T": bool(a_transposed), "B_T": bool(b_transposed), "EPILOGUE": epilogue,
                    "SPLIT_K": 1},
                   M, N, K, label,
                   tiles=tiles or (ctx.tu.swiglu_bwd_tiles if epilogue == meta.EPI_SWIGLU_BWD
-                                  else None))
+                                  else None), block_k=block_k)
 
 
 def matmul_residual(ctx: Context, *, a: BufferRef, b: BufferRef, x: BufferRef, out: BufferRef,
@@ -72,13 +76,15 @@ def matmul_residual(ctx: Context, *, a: BufferRef, b: BufferRef, x: BufferRef, o
 
 def matmul_into_norm(ctx: Context, *, a: BufferRef, b: BufferRef, dn: BufferRef, M: int, N: int,
                      K: int, label: str, b_transposed: bool = False,
-                     splits: int | None = None, tile: tuple[int, int] = ()) -> Launch:
+                     splits: int | None = None, tile: tuple[int, int] = (),
+                     block_k: int = 0) -> Launch:
     """dn (splits, M, N) fp32 partials of bf(A) @ bf(B), K split in `dn_splits` ranges: the
     N = D products whose consumer is a norm (backward, or the forward's residual_norm after the
     mlp down) that adds the partials in split order:
     the largest tile (4× the FLOP per loaded byte of a 64×64 one) and enough K ranges to fill
     the GPU instead of small tiles (`splits` overrides dn_splits; the consumer reads the launch's
-    SPLIT_K; `tile` overrides the largest tile).  Without a split (1), the usual tile rule."""
+    SPLIT_K; `tile` overrides the largest tile, `block_k` the K block).  Without a split (1),
+    the usual tile rule."""
     tu = ctx.tu
     splits = splits or tu.dn_splits
     tiles = (tile or tu.mm_tiles[0],) if splits > 1 else None      # unsplit: the usual tile rule
@@ -87,7 +93,7 @@ def matmul_into_norm(ctx: Context, *, a: BufferRef, b: BufferRef, dn: BufferRef,
     return _tiled(ctx, "matmul", {"a_ptr": a, "b_ptr": b, "c_ptr": dn, "aux_ptr": dn},
                   {"A_T": False, "B_T": bool(b_transposed), "EPILOGUE": meta.EPI_F32,
                    "SPLIT_K": splits},
-                  M, N, K, label, tiles=tiles, split_k=splits)
+                  M, N, K, label, tiles=tiles, split_k=splits, block_k=block_k)
 
 
 def _adjacent_parameters(ctx: Context, first: str, M: int, N: int) -> None:
