@@ -120,8 +120,8 @@ H200 = Tuning(mm_tiles=((128, 128), (128, 64), (64, 64)), mm_min_programs=120, m
               head_tiles=((256, 128),),
               # its dx (K = 12,288 into the final norm) on 256 × 128 tiles in 8 K ranges: 128
               # programs as at 128 × 128 in 4, dlogits read twice per row where it was read four
-              # times (L2 210 → 168 MB with the partials; model 32 → 29 µs, its norm reads 8
-              # partials: 25 → 32 µs off the critical path)
+              # times (L2 210 → 168 MB with the partials; model 32 → 29 µs, the two gained norm
+              # backwards 25 → 32 µs, the update 1674 → 1666 µs central)
               head_dx_tile=(256, 128), head_dx_splits=8,
               # both in K blocks of 32: 3 stages of 256 × 128 at 64 take 147,456 B of shared
               # memory, past the 101,376 B of cc 8.6 / 8.9 / 12.0 GPUs (README: which GPUs run
