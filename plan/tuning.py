@@ -115,8 +115,9 @@ H200 = Tuning(mm_tiles=((128, 128), (128, 64), (64, 64)), mm_min_programs=120, m
               # 1398; docs/PERFORMANCE.md)
               decay_programs=32,
               # the head (K = 512, 12,288 columns) on 256 × 128 tiles, 8 warps: 1 CTA per SM
-              # (164 registers on sm_90a), 384 tiles in 3 rounds; each column of W read by 4 row tiles, not 8
-              # (L2 252 → 201 MB; model: the head 42 → 37 µs, the update 1679 → 1674 µs central)
+              # (164 registers on sm_90a), 384 tiles in 3 rounds; each column of W read by 4 row
+              # tiles, not 8 (L2 252 → 201 MB; model: the head 42 → 37 µs, the update 1679 → 1674
+              # µs central)
               head_tiles=((256, 128),),
               # its dx (K = 12,288 into the final norm) on 256 × 128 tiles in 8 K ranges: 128
               # programs as at 128 × 128 in 4, dlogits read twice per row where it was read four
