@@ -505,3 +505,21 @@ def test_build_ptx_report_json_from_the_committed_ptx():
     assert list(j["figure"]["brackets"]) == ["L2_BW", "HBM_LATENCY", "LAUNCH"]
     assert j["figure"]["l2_floor_us"]["central"] == j["floors_us"]["central"]["l2"]
     assert len(j["sensitivity"]["rows"]) == len(ci.INPUTS)
+
+
+def test_mma_sync_runs_at_its_share_of_the_tensor_rate():
+    """A step whose MMAs are mma.sync (Step.mma_sync, set from the PTX) takes 1/MMA_SYNC_RATE of
+    the wgmma time; the tensor bound counts only those FLOPs at that rate."""
+    from tools.cost.bounds import PerProgram, step_parts
+    from tools.cost.work import Programs, Step, Work
+    assert (ci.MMA_SYNC_RATE.optimistic, ci.MMA_SYNC_RATE.central,
+            ci.MMA_SYNC_RATE.pessimistic) == (0.67, 0.5, 0.4)
+    fast = Step(mma_flops=2 * 64 * 128 * 64)
+    slow = dataclasses.replace(fast, mma_sync=True)
+    for s in ("optimistic", "central", "pessimistic"):
+        assert step_parts(slow, s)[0] == pytest.approx(step_parts(fast, s)[0] / ci.MMA_SYNC_RATE[s])
+    assert step_parts(fast, "central")[0] == pytest.approx(fast.mma_flops / SM)
+    per = PerProgram.of(Work((Programs((3, 1), fast, slow),), hbm_bytes=0))
+    assert per.sync_flops == [fast.mma_flops, fast.mma_flops]
+    assert per.tensor_s("central") == pytest.approx([(3 + 2) * fast.mma_flops / SM,
+                                                     (1 + 2) * fast.mma_flops / SM])

@@ -263,3 +263,24 @@ def test_every_committed_kernel_has_a_chain():
         assert chains and all(c.tile >= 1 for c in chains.values()), profile
     with pytest.raises(KeyError, match="no PTX"):
         chain_of("matmul_0000000000")
+
+
+MMA_SYNC = ("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%r10, %r11, %r12, %r13}, "
+            "{%r2, %r3, %r4, %r5}, {%r6, %r7}, {%r10, %r11, %r12, %r13};\n")
+WGMMA = ("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%r10, %r11, %r12, %r13}, "
+         "%rd6, %rd7, 1, 1, 1, 0, 0;\n")
+
+
+@pytest.mark.parametrize("body,want", [
+    (MMA_SYNC, True), (WGMMA, False), (MMA_SYNC + WGMMA, False),
+    ("ld.global.b32 %r2, [%rd4];\n st.global.b32 [%rd5], %r2;\n", False)])
+def test_a_kernel_multiplying_with_mma_sync_alone_is_marked(body, want):
+    assert chain(body).mma_sync is want
+
+
+def test_committed_kernels_multiply_with_wgmma_on_sm_90a_and_mma_sync_on_sm_80():
+    hopper = kernel_chains("coppelius", "sm_90a")
+    assert not [k for k, c in hopper.items() if c.mma_sync]
+    ampere = kernel_chains("coppelius", "sm_80")
+    products = [k for k in ampere if k.startswith(("matmul", "weight_grad", "attention"))]
+    assert products and all(ampere[k].mma_sync for k in products)

@@ -17,6 +17,8 @@ bytes of the launch, and what it reads or writes in mapped host memory (staging)
             (or the largest program's), H the SMs the grid holds (bounds.held_sms): the block
             scheduler spreads a grid one CTA per SM first (inputs.PLACEMENT), so H = min(P, 132)
             alone on the chip, and the programs resident on one SM share its tensor cores.
+            A kernel whose PTX multiplies with mma.sync and no wgmma (below 64 rows a
+            warpgroup; every sm_80 kernel) gets MMA_SYNC_RATE of the rate (bounds.mma_rate).
   pipes   = the same for the MUFU and ALU work (exp, division, compares): the SM's other pipes.
   l2      = every byte every program loads or stores / L2 bandwidth, and at least the busiest
             SM's bytes over one SM's L2 path.

@@ -6,13 +6,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tools.cost.inputs import (ALU_PER_CLK, BF16_FLOPS, CLOCK_HZ, DEP_OP_CYCLES, HBM_BW, HBM_LATENCY, L2_BW,
-                     L2_LATENCY, L2_RESIDENT, MUFU_PER_CLK, PCIE_BW, PCIE_IN_FLIGHT, PCIE_LATENCY,
-                     PHASE, SM_L2_BW, SMS, STAGING_CACHED)
+                     L2_LATENCY, L2_RESIDENT, MMA_SYNC_RATE, MUFU_PER_CLK, PCIE_BW, PCIE_IN_FLIGHT,
+                     PCIE_LATENCY, PHASE, SM_L2_BW, SMS, STAGING_CACHED)
 from tools.cost.sm_sim import Phase, alone, makespan
 from tools.cost.work import Step, Work, cdiv, lines
 
 __all__ = ["PerProgram", "bounds", "busiest_sm", "cta_phases", "hbm_bytes",
            "held_sms", "makespan", "pcie_time", "serial_time", "step_parts", "step_time"]
+
+
+def mma_rate(st: Step, s: str) -> float:
+    """The chip's MMA rate for a step's FLOPs in scenario s: BF16_FLOPS through wgmma, its
+    MMA_SYNC_RATE share through mma.sync."""
+    return BF16_FLOPS[s] * (MMA_SYNC_RATE[s] if st.mma_sync else 1.0)
 
 
 def step_parts(st: Step, s: str) -> tuple[float, float]:
@@ -22,7 +28,7 @@ def step_parts(st: Step, s: str) -> tuple[float, float]:
     prefetch: num_stages ≥ 2; the loads of a one-stage kernel are its trips' l2/hbm latencies)
     but MMA and elementwise work serialize (one warpgroup, dependent phases).  Latency: the
     dependent waits, which always add and leave the SM to the CTAs beside it (sm_sim.py)."""
-    mma = st.mma_flops / (BF16_FLOPS[s] / SMS)
+    mma = st.mma_flops / (mma_rate(st, s) / SMS)
     pipes = st.mufu_ops / (MUFU_PER_CLK * CLOCK_HZ) + st.alu_ops / (ALU_PER_CLK * CLOCK_HZ)
     mem = (st.load_bytes + st.store_bytes) / SM_L2_BW[s]
     staging_lat = L2_LATENCY[s] if STAGING_CACHED[s] else PCIE_LATENCY[s]
@@ -132,6 +138,7 @@ class PerProgram:
     flops: list[float]
     moved: list[float]             # bytes loaded + stored
     pipes_s: list[float]           # MUFU + ALU seconds on one SM
+    sync_flops: list[float]        # of flops, those issued through mma.sync (Step.mma_sync)
 
     @classmethod
     def of(cls, work: Work) -> "PerProgram":
@@ -139,7 +146,14 @@ class PerProgram:
         total = lambda f: [t * f(g.step) + f(g.fixed) for g, t in progs]  # noqa: E731
         return cls(total(lambda x: x.mma_flops), total(lambda x: x.load_bytes + x.store_bytes),
                    total(lambda x: x.mufu_ops / (MUFU_PER_CLK * CLOCK_HZ)
-                         + x.alu_ops / (ALU_PER_CLK * CLOCK_HZ)))
+                         + x.alu_ops / (ALU_PER_CLK * CLOCK_HZ)),
+                   total(lambda x: x.mma_flops if x.mma_sync else 0.0))
+
+    def tensor_s(self, s: str) -> list[float]:
+        """Each program's seconds of one SM's tensor cores in scenario s (mma_rate)."""
+        sm = BF16_FLOPS[s] / SMS
+        return [(f - sf) / sm + sf / (sm * MMA_SYNC_RATE[s])
+                for f, sf in zip(self.flops, self.sync_flops)]
 
 
 def pcie_time(work: Work, s: str) -> float:
@@ -170,7 +184,7 @@ def bounds(work: Work, per: PerProgram, per_sm: int, s: str, sms: int = SMS,
     L2 and HBM terms, and longer where a phase's bytes outrun the chip."""
     l2_bytes = sum(per.moved) + work.extra_l2_bytes
     held = held_sms(len(per.flops), per_sm, sms, pack)
-    return {"tensor": busiest_sm(per.flops, held) / (BF16_FLOPS[s] / SMS),
+    return {"tensor": busiest_sm(per.tensor_s(s), held),
             "pipes": busiest_sm(per.pipes_s, held),
             "l2": max(l2_bytes / L2_BW[s], busiest_sm(per.moved, held) / SM_L2_BW[s]),
             "hbm": hbm_bytes(work, s) / HBM_BW[s],

@@ -58,6 +58,13 @@ BF16_FLOPS = Range(
     "optimistic: KINDS.md, best 8192³ bf16 product on random data here (769–798 TFLOP/s, "
     "datasheet 989); central 0.8× and pessimistic 0.6× of it: assumption for Triton 3.9 wgmma "
     "kernels without TMA or warp specialization, at these small K (512–5504)")
+MMA_SYNC_RATE = Range(
+    0.67, 0.5, 0.4,
+    "assumption (not measured here): the share of BF16_FLOPS a kernel reaches whose MMAs are "
+    "the warp-level mma.sync (m16n8k16: Triton's choice below 64 rows a warpgroup, and all of "
+    "the sm_80 build) rather than Hopper's warpgroup wgmma.  Hopper's full tensor rate is "
+    "reached only through wgmma (HOPPER.md: a matrix kernel whose SASS shows only HMMA is on a "
+    "slower path); published mma.sync kernels on H100 reach about half to two thirds of it")
 HBM_BW = Range(
     4.3e12, 3.8e12, 3.2e12,
     "optimistic: KINDS.md device copy ≈4.3 TB/s read+write (datasheet 4.8); central 0.88×, "

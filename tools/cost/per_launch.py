@@ -70,6 +70,11 @@ def work_of(launch, bufs, target: str = "sm_90a", fresh: float = 0.0) -> Work:
                        f"(add one to its family module, tools/cost/kernels_*.py; known: {sorted(REGISTRY)})")
     v = View(launch, bufs, chain_of(launch.kernel, target))
     work = fam(v)
+    if v.chain.mma_sync:                # every step's MMAs at mma.sync's rate (bounds.mma_rate)
+        work = dataclasses.replace(work, programs=tuple(
+            dataclasses.replace(g, step=dataclasses.replace(g.step, mma_sync=True),
+                                fixed=dataclasses.replace(g.fixed, mma_sync=True))
+            for g in work.programs))
     if fresh:
         work = dataclasses.replace(work, fresh_bytes=min(fresh, work.hbm_bytes))
     described = sum(len(g.trips) for g in work.programs)

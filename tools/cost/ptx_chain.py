@@ -72,6 +72,7 @@ class Chain:
     prologue: int                  # before the tile loop, once a program (0 with no tile loop)
     loops: tuple[LoopChain, ...]   # every loop, innermost first
     ops: Ops                       # the epilogue's issue slots per thread (ptx_ops.py)
+    mma_sync: bool = False         # multiplies with mma.sync and no wgmma (bounds.mma_rate)
 
     @property
     def per_trip(self) -> float:
@@ -197,7 +198,10 @@ def analyze(name: str, blocks: list[Block]) -> Chain:
         tail = walk.order
     summary = tuple(_loop_chain(blocks, rpo, loops, lp, whole, tile) for lp in loops)
     ops = count_ops(ins for b in tail for ins in blocks[b].instrs)
-    return Chain(name, tile, before, after - before, tile - after, prologue, summary, ops)
+    mmas = {ins.op.split(".")[0] for b in blocks for ins in b.instrs
+            if ins.op.startswith(("mma.sync", "wgmma.mma_async"))}
+    return Chain(name, tile, before, after - before, tile - after, prologue, summary, ops,
+                 mma_sync=mmas == {"mma"})
 
 
 def chains_of_ptx(ptx: str) -> dict[str, Chain]:

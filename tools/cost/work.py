@@ -31,6 +31,7 @@ class Step:
     l2_trips: float = 0            # dependent loads that hit L2 (L2_LATENCY each)
     hbm_trips: float = 0           # dependent loads that miss (HBM_LATENCY each)
     staging_trips: int = 0         # dependent reads of mapped host memory (PCIE_LATENCY each)
+    mma_sync: bool = False         # its MMAs are mma.sync, not wgmma (MMA_SYNC_RATE of the rate)
 
 
 NOTHING = Step()
