@@ -115,10 +115,14 @@ def attention_bwd(qkv_ptr, do_ptr, lse_ptr, delta_ptr, kv_part_ptr, ds_ptr, T, S
     offs_d = tl.arange(0, HEAD_DIM)
     k_col = (HEADS + kv) * HEAD_DIM
     v_col = (HEADS + KV_HEADS + kv) * HEAD_DIM
+    # dk, dv start as +0.0 from a product of zeros, not from zero moves: with the accumulators
+    # defined by moves ptxas serializes the loop's 16 wgmmas a trip (its warning C7515); a
+    # peeled first trip or one stage lift that too but spill on sm_80 (docs/PERFORMANCE.md)
+    zeros = tl.zeros((BLOCK_N, 16), tl.bfloat16)
+    dk = tl.dot(zeros, tl.zeros((16, HEAD_DIM), tl.bfloat16))
+    dv = dk
     k = tl.load(qkv_ptr + offs_n[:, None] * W + k_col + offs_d[None, :])            # (BLOCK_N, d)
     v = tl.load(qkv_ptr + offs_n[:, None] * W + v_col + offs_d[None, :])
-    dk = tl.zeros((BLOCK_N, HEAD_DIM), tl.float32)
-    dv = tl.zeros((BLOCK_N, HEAD_DIM), tl.float32)
     first_m = (pid_n * BLOCK_N) // BLOCK_M                          # the block holding the diagonal
     rows = T // BLOCK_M - first_m                                   # query blocks per query head
     t0 = chunk * BWD_CHUNK

@@ -145,8 +145,11 @@ def test_committed_ptx_is_small():
 
 # a memory access a kernel may not make before griddepcontrol.wait: global or generic loads and
 # stores, async copies, atomics and reductions, prefetches (parameter loads are the launch's own)
+# a memory access the predecessor grid could see or have written: not the kernel's parameters,
+# nor its CTA's own shared memory (no other grid reaches it: setting it up may overlap the
+# predecessor, as the dK/dV backward's zero tile does), but a cluster's distributed one
 _MEMORY_OP = re.compile(r"^\s*(@!?%\w+\s+)?(ld|st|cp\.async|atom|red|prefetch|cp\.reduce)"
-                        r"(?!\.param)(\.|\s)")
+                        r"(?!\.param|\.shared(?!::cluster))(\.|\s)")
 _WAIT, _LAUNCH_NEXT = "griddepcontrol.wait", "griddepcontrol.launch_dependents"
 
 
@@ -170,7 +173,8 @@ def _grid_dependency_problems(ptx: str) -> list[str]:
 def test_programmatic_kernels_wait_before_touching_memory(profile, target):
     """Programmatic dependent launch: a kernel the manifest marks `pdl` — every Triton
     kernel on sm_90a, none on sm_80, which has no griddepcontrol — reads and writes no memory
-    before griddepcontrol.wait, so overlapping its launch with its predecessor changes no bit;
+    but its CTA's own shared memory before griddepcontrol.wait, so overlapping its launch with
+    its predecessor changes no bit;
     the hand-written kernels are never marked (their edges stay full)."""
     m = _manifest(profile, target)
     for key, k in m["kernels"].items():
@@ -191,7 +195,13 @@ def test_the_grid_dependency_check_can_fail():
     assert _grid_dependency_problems(ok) == []
     assert _grid_dependency_problems("\t@%p1 ld.global.b32 { %r1 }, [ %rd1 + 0 ];\n"
                                      "\tgriddepcontrol.wait ;\n")
-    assert _grid_dependency_problems("\tst.shared.b32 [%r2], %r1;\n\tgriddepcontrol.wait ;\n")
+    assert _grid_dependency_problems("\tst.global.b32 [%rd2], %r1;\n\tgriddepcontrol.wait ;\n")
+    assert _grid_dependency_problems("\tcp.async.cg.shared.global [%r2], [%rd1], 16;\n"
+                                     "\tgriddepcontrol.wait ;\n")
+    assert _grid_dependency_problems("\tst.shared::cluster.b32 [%r2], %r1;\n"
+                                     "\tgriddepcontrol.wait ;\n")
+    assert _grid_dependency_problems("\tst.shared.v2.b32 [%r2+57344], {0, 0};\n"
+                                     "\tgriddepcontrol.wait ;\n") == []
     assert _grid_dependency_problems("\tld.global.b32 \t%r1, [%rd1];\n") == ["no griddepcontrol.wait"]
     assert _grid_dependency_problems("\tgriddepcontrol.launch_dependents ;\n"
                                      "\tgriddepcontrol.wait ;\n")
