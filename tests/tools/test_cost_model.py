@@ -523,3 +523,37 @@ def test_mma_sync_runs_at_its_share_of_the_tensor_rate():
     assert per.sync_flops == [fast.mma_flops, fast.mma_flops]
     assert per.tensor_s("central") == pytest.approx([(3 + 2) * fast.mma_flops / SM,
                                                      (1 + 2) * fast.mma_flops / SM])
+
+
+def test_wgmma_ptxas_serialized_are_charged_a_wait_each():
+    """ptxas' C7515 marks a kernel (kernel_stats.serialized_wgmma); each of its loop's wgmmas then
+    adds WGMMA_SERIAL_CYCLES to its trip's latency, the straight-line ones to the epilogue's."""
+    from tools.cost.bounds import step_parts
+    from tools.cost.kernel_stats import serialized_wgmma
+    from tools.cost.per_launch import serialize_wgmma
+    from tools.cost.ptx_chain import Chain
+    from tools.cost.ptx_ops import Ops
+    from tools.cost.work import Programs, Step, Work
+    warning = ("ptxas info    : (C7515) Potential Performance Loss: wgmma.mma_async instructions "
+               "are serialized due to non wgmma instructions defining accumulator registers")
+    assert serialized_wgmma(warning) and not serialized_wgmma("ptxas info    : Used 128 registers")
+    assert (ci.WGMMA_SERIAL_CYCLES.optimistic, ci.WGMMA_SERIAL_CYCLES.central,
+            ci.WGMMA_SERIAL_CYCLES.pessimistic) == (32, 64, 128)
+    c = Chain("k", 1, 0, 1, 0, 0, (), Ops(0, 0, 0), wgmma_trip=16, wgmma_tail=3)
+    work = serialize_wgmma(Work((Programs((11,), Step(phases=4), Step(phases=1)),), 0), c)
+    g = work.programs[0]
+    assert (g.step.serial_wgmma, g.fixed.serial_wgmma) == (16, 3)
+    for s in ("optimistic", "central", "pessimistic"):
+        added = step_parts(g.step, s)[1] - step_parts(Step(phases=4), s)[1]
+        assert added == pytest.approx(16 * ci.WGMMA_SERIAL_CYCLES[s] / CLK)
+
+
+@pytest.mark.parametrize("profile", ["coppelius", "tiny"])
+def test_no_committed_kernel_has_its_wgmmas_serialized(profile):
+    """ptxas serialized the dK/dV backward's wgmmas while its accumulators started as zero moves
+    (plan/kernels/attention.py); no committed sm_90a kernel may come back to that unnoticed."""
+    if not _have_ptxas():
+        pytest.skip("no ptxas on this machine")
+    from tools.cost.kernel_stats import ptxas_stats
+    stats = ptxas_stats(profile, "sm_90a")
+    assert not [k for k, st in stats.items() if st.wgmma_serialized]

@@ -284,3 +284,12 @@ def test_committed_kernels_multiply_with_wgmma_on_sm_90a_and_mma_sync_on_sm_80()
     ampere = kernel_chains("coppelius", "sm_80")
     products = [k for k in ampere if k.startswith(("matmul", "weight_grad", "attention"))]
     assert products and all(ampere[k].mma_sync for k in products)
+
+
+def test_wgmma_counted_per_trip_of_the_loop_and_in_the_straight_line_code():
+    # the committed dK/dV backward: 4 products a trip (S, dV, dP, dK) of 4 k16 steps each inside
+    # its trip loop, and before it the one product of zeros that starts dk and dv
+    chains = kernel_chains("coppelius", "sm_90a")
+    dkdv = [c for k, c in chains.items() if re.fullmatch(r"attention_bwd_[0-9a-f]{10}", k)]
+    assert len(dkdv) == 1 and (dkdv[0].wgmma_trip, dkdv[0].wgmma_tail) == (16, 1)
+    assert chain(WGMMA + WGMMA).wgmma_tail == 2 and chain(WGMMA).wgmma_trip == 0

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from tools.cost.inputs import (ALU_PER_CLK, BF16_FLOPS, CLOCK_HZ, DEP_OP_CYCLES, HBM_BW, HBM_LATENCY, L2_BW,
                      L2_LATENCY, L2_RESIDENT, MMA_SYNC_RATE, MUFU_PER_CLK, PCIE_BW, PCIE_IN_FLIGHT,
-                     PCIE_LATENCY, PHASE, SM_L2_BW, SMS, STAGING_CACHED)
+                     PCIE_LATENCY, PHASE, SM_L2_BW, SMS, STAGING_CACHED, WGMMA_SERIAL_CYCLES)
 from tools.cost.sm_sim import Phase, alone, makespan
 from tools.cost.work import Step, Work, cdiv, lines
 
@@ -33,6 +33,7 @@ def step_parts(st: Step, s: str) -> tuple[float, float]:
     mem = (st.load_bytes + st.store_bytes) / SM_L2_BW[s]
     staging_lat = L2_LATENCY[s] if STAGING_CACHED[s] else PCIE_LATENCY[s]
     lat = (st.phases * PHASE[s] + st.serial_ops * DEP_OP_CYCLES[s] / CLOCK_HZ
+           + st.serial_wgmma * WGMMA_SERIAL_CYCLES[s] / CLOCK_HZ
            + st.l2_trips * L2_LATENCY[s] + st.hbm_trips * HBM_LATENCY[s]
            + st.staging_trips * staging_lat)
     if s == "optimistic":

@@ -65,6 +65,12 @@ MMA_SYNC_RATE = Range(
     "the sm_80 build) rather than Hopper's warpgroup wgmma.  Hopper's full tensor rate is "
     "reached only through wgmma (HOPPER.md: a matrix kernel whose SASS shows only HMMA is on a "
     "slower path); published mma.sync kernels on H100 reach about half to two thirds of it")
+WGMMA_SERIAL_CYCLES = Range(
+    32, 64, 128,
+    "assumption (not measured here): cycles each wgmma waits for the one before where ptxas "
+    "serializes them (its warning C7515: non-wgmma instructions define an accumulator inside "
+    "the pipeline stage), beyond the issue it would have overlapped: about the latency of an "
+    "m64n64k16 (~100 cycles) less its ~35 cycles of tensor work, bracketed by a factor of two")
 HBM_BW = Range(
     4.3e12, 3.8e12, 3.2e12,
     "optimistic: KINDS.md device copy ≈4.3 TB/s read+write (datasheet 4.8); central 0.88×, "

@@ -28,6 +28,7 @@ class KernelStats:
     threads: int
     spill: int = 0
     pdl: bool = False              # waits for its predecessor first (manifest "pdl": sm_90a)
+    wgmma_serialized: bool = False  # ptxas serializes its wgmmas (C7515: serialized_wgmma)
 
 
 def occupancy(stats: KernelStats) -> tuple[int, str]:
@@ -44,6 +45,15 @@ def occupancy(stats: KernelStats) -> tuple[int, str]:
     if limits[limiter] < 1:
         raise ValueError(f"a block of {stats.threads} threads × {stats.regs} registers does not fit an SM")
     return limits[limiter], limiter
+
+
+SERIALIZED = "(C7515)"      # ptxas: "wgmma.mma_async instructions are serialized due to …"
+
+
+def serialized_wgmma(stderr: str) -> bool:
+    """Whether `ptxas -v` says it serialized the kernel's wgmmas (its performance warning C7515:
+    each waits for the one before, a cost the model charges: WGMMA_SERIAL_CYCLES)."""
+    return SERIALIZED in stderr
 
 
 def _ptxas() -> str:
@@ -72,6 +82,7 @@ def ptxas_stats(profile_name: str, target: str) -> dict[str, KernelStats]:
             raise UserError(f"ptxas -v failed on {d / rec['file']}: {r.stderr.strip()[:200]}",
                             f"rebuild the PTX with {REBUILD}")
         out[entry] = KernelStats(int(regs[-1]), rec["shared"], rec["threads"],
-                                 sum(int(x) + int(y) for x, y in spill), bool(rec.get("pdl")))
+                                 sum(int(x) + int(y) for x, y in spill), bool(rec.get("pdl")),
+                                 serialized_wgmma(r.stderr))
     return out
 

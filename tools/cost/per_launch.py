@@ -88,6 +88,15 @@ def work_of(launch, bufs, target: str = "sm_90a", fresh: float = 0.0) -> Work:
     return work
 
 
+def serialize_wgmma(work: Work, chain) -> Work:
+    """The work of a kernel whose wgmmas ptxas serialized: each trip waits WGMMA_SERIAL_CYCLES
+    for each of its loop's wgmmas, the prologue/epilogue for each of the tile's others."""
+    return dataclasses.replace(work, programs=tuple(
+        dataclasses.replace(g, step=dataclasses.replace(g.step, serial_wgmma=chain.wgmma_trip),
+                            fixed=dataclasses.replace(g.fixed, serial_wgmma=chain.wgmma_tail))
+        for g in work.programs))
+
+
 def chain_row(chain) -> dict:
     """The PTX's round trips of a kernel, as the report shows them."""
     return {"tile": chain.tile, "fill": chain.fill, "epilogue": chain.epilogue,
@@ -103,6 +112,8 @@ def cost(launch, bufs, stats: dict[str, KernelStats], target: str = "sm_90a",
         raise KeyError(f"{launch.label}: no ptxas figures for {launch.kernel} (rebuild the PTX)")
     work = work_of(launch, bufs, target, fresh)
     st = stats[launch.kernel]
+    if st.wgmma_serialized:
+        work = serialize_wgmma(work, chain_of(launch.kernel, target))
     per_sm, limiter = occupancy(st)
     per = PerProgram.of(work)
     P = len(per.flops)

@@ -73,6 +73,8 @@ class Chain:
     loops: tuple[LoopChain, ...]   # every loop, innermost first
     ops: Ops                       # the epilogue's issue slots per thread (ptx_ops.py)
     mma_sync: bool = False         # multiplies with mma.sync and no wgmma (bounds.mma_rate)
+    wgmma_trip: int = 0            # wgmma.mma_async in one trip of its inner loops (the most)
+    wgmma_tail: int = 0            # … in one tile's straight-line code (the loops apart)
 
     @property
     def per_trip(self) -> float:
@@ -200,8 +202,13 @@ def analyze(name: str, blocks: list[Block]) -> Chain:
     ops = count_ops(ins for b in tail for ins in blocks[b].instrs)
     mmas = {ins.op.split(".")[0] for b in blocks for ins in b.instrs
             if ins.op.startswith(("mma.sync", "wgmma.mma_async"))}
+    wgmma = lambda bs: sum(ins.op.startswith("wgmma.mma_async")  # noqa: E731
+                           for b in bs for ins in blocks[b].instrs)
+    in_loops = set().union(*(lp.body for lp in inner)) if inner else set()
     return Chain(name, tile, before, after - before, tile - after, prologue, summary, ops,
-                 mma_sync=mmas == {"mma"})
+                 mma_sync=mmas == {"mma"},
+                 wgmma_trip=max((wgmma(lp.body) for lp in inner), default=0),
+                 wgmma_tail=wgmma(b for b in walk.order if b not in in_loops))
 
 
 def chains_of_ptx(ptx: str) -> dict[str, Chain]:

@@ -32,6 +32,7 @@ class Step:
     hbm_trips: float = 0           # dependent loads that miss (HBM_LATENCY each)
     staging_trips: int = 0         # dependent reads of mapped host memory (PCIE_LATENCY each)
     mma_sync: bool = False         # its MMAs are mma.sync, not wgmma (MMA_SYNC_RATE of the rate)
+    serial_wgmma: int = 0          # wgmmas ptxas serialized (WGMMA_SERIAL_CYCLES each)
 
 
 NOTHING = Step()
