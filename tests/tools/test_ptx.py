@@ -144,10 +144,9 @@ def test_committed_ptx_is_small():
 
 
 # a memory access a kernel may not make before griddepcontrol.wait: global or generic loads and
-# stores, async copies, atomics and reductions, prefetches (parameter loads are the launch's own)
-# a memory access the predecessor grid could see or have written: not the kernel's parameters,
-# nor its CTA's own shared memory (no other grid reaches it: setting it up may overlap the
-# predecessor, as the dK/dV backward's zero tile does), but a cluster's distributed one
+# stores, async copies, atomics and reductions, prefetches, a cluster's distributed shared memory.
+# Parameter loads are the launch's own, and its CTA's own shared memory no other grid reaches
+# (setting it up may overlap the predecessor, as the dK/dV backward's zero tile does)
 _MEMORY_OP = re.compile(r"^\s*(@!?%\w+\s+)?(ld|st|cp\.async|atom|red|prefetch|cp\.reduce)"
                         r"(?!\.param|\.shared(?!::cluster))(\.|\s)")
 _WAIT, _LAUNCH_NEXT = "griddepcontrol.wait", "griddepcontrol.launch_dependents"

@@ -71,10 +71,7 @@ def work_of(launch, bufs, target: str = "sm_90a", fresh: float = 0.0) -> Work:
     v = View(launch, bufs, chain_of(launch.kernel, target))
     work = fam(v)
     if v.chain.mma_sync:                # every step's MMAs at mma.sync's rate (bounds.mma_rate)
-        work = dataclasses.replace(work, programs=tuple(
-            dataclasses.replace(g, step=dataclasses.replace(g.step, mma_sync=True),
-                                fixed=dataclasses.replace(g.fixed, mma_sync=True))
-            for g in work.programs))
+        work = _with_steps(work, {"mma_sync": True}, {"mma_sync": True})
     if fresh:
         work = dataclasses.replace(work, fresh_bytes=min(fresh, work.hbm_bytes))
     described = sum(len(g.trips) for g in work.programs)
@@ -88,13 +85,19 @@ def work_of(launch, bufs, target: str = "sm_90a", fresh: float = 0.0) -> Work:
     return work
 
 
+def _with_steps(work: Work, step: dict, fixed: dict) -> Work:
+    """`work` with the fields `step` set on every loop trip and `fixed` on every prologue/epilogue."""
+    return dataclasses.replace(work, programs=tuple(
+        dataclasses.replace(g, step=dataclasses.replace(g.step, **step),
+                            fixed=dataclasses.replace(g.fixed, **fixed))
+        for g in work.programs))
+
+
 def serialize_wgmma(work: Work, chain) -> Work:
     """The work of a kernel whose wgmmas ptxas serialized: each trip waits WGMMA_SERIAL_CYCLES
     for each of its loop's wgmmas, the prologue/epilogue for each of the tile's others."""
-    return dataclasses.replace(work, programs=tuple(
-        dataclasses.replace(g, step=dataclasses.replace(g.step, serial_wgmma=chain.wgmma_trip),
-                            fixed=dataclasses.replace(g.fixed, serial_wgmma=chain.wgmma_tail))
-        for g in work.programs))
+    return _with_steps(work, {"serial_wgmma": chain.wgmma_trip},
+                       {"serial_wgmma": chain.wgmma_tail})
 
 
 def chain_row(chain) -> dict:
