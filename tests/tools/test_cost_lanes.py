@@ -19,7 +19,7 @@ from tools.cost.kernel_stats import KernelStats, occupancy
 from tools.cost.per_launch import cost, model
 from tools.cost.sm_sim import CAPACITY, Grid, Sim, footprint
 
-from tests.support.cost_fixtures import PROD, UPDATE, fake_stats, side_fills_sms
+from tests.support.cost_fixtures import PROD, UPDATE, US, close, fake_stats, side_fills_sms
 
 HALF = footprint(128, 256, 0)        # 8 warps × 4,096 registers: two such CTAs fill an SM
 FULL = footprint(255, 256, 0)        # 8 warps × 8,192: one fills an SM's register file
@@ -206,6 +206,44 @@ def test_lane_summary_and_the_variants():
     main = launches.submissions(PROD)[1]
     alone_main = sum(c.us["central"] for c, x in zip(costs, main.launches) if x.lane == 0)
     assert pred["one-lane"] >= 0.9 * alone_main
+
+
+def test_windows_cut_the_replay_at_the_backward_and_divide_by_the_rates():
+    """The update's replay in two windows, cut where head_backward.dx starts: every launch in
+    exactly one (by its start), the windows end to end, and each use is its launches' bytes or
+    FLOPs over the window at the scenario's rate — computed again here by hand; a submission with
+    no backward (the forward) is one window."""
+    from tools.cost.bounds import hbm_bytes
+    sub = launches.submissions(PROD)[1]
+    costs = model(PROD, "update", fake_stats(PROD))
+    for s in ("central", "pessimistic"):
+        r = lanes.schedule(sub, costs, s)
+        fwd, bwd = lanes.windows(sub, costs, r, s)
+        cut = r.start_s[[x.label for x in sub.launches].index("head_backward.dx")]
+        assert (fwd["window"], bwd["window"]) == ("forward", "backward")
+        assert (fwd["start_us"], fwd["end_us"], bwd["start_us"], bwd["end_us"]) == \
+            (0.0, cut * US, cut * US, r.makespan_s * US)
+        assert fwd["launches"] + bwd["launches"] == len(sub.launches)
+        late = [i for i, t in enumerate(r.start_s) if t >= cut]
+        assert bwd["launches"] == len(late)
+        # a side-lane launch whose label names the backward (E's absent rows) does not cut
+        side = sub.launches[1]
+        assert side.lane == launches.SIDE_LANE and "backward" in side.label and r.start_s[1] < cut
+        dt = r.makespan_s - cut
+        close(bwd["l2_bytes"], sum(costs[i].l2_bytes for i in late), "backward L2 bytes")
+        close(bwd["l2_use"], bwd["l2_bytes"] / (ci.L2_BW[s] * dt), "backward L2 use")
+        close(bwd["hbm_use"], sum(hbm_bytes(costs[i].work, s) for i in late) / (ci.HBM_BW[s] * dt),
+              "backward HBM use")
+        close(fwd["tensor_use"], sum(c.flops for i, c in enumerate(costs) if i not in late)
+              / (ci.BF16_FLOPS[s] * cut), "forward tensor use")
+        assert 0 < bwd["l2_use"] < 1 and 0 < fwd["l2_use"] < 1
+    summary = lanes.lane_summary(sub, costs)
+    assert [w["window"] for w in summary["central"]["windows"]] == ["forward", "backward"]
+    forward = launches.submissions(PROD)[0]
+    fcosts = model(PROD, forward.name, fake_stats(PROD))
+    r = lanes.schedule(forward, fcosts, "central")
+    (whole,) = lanes.windows(forward, fcosts, r, "central")
+    assert whole["window"] == "whole" and whole["launches"] == len(forward.launches)
 
 
 def test_noop_side_lane_is_costed_as_the_noop_kernel():

@@ -71,7 +71,8 @@ The modules, each importing only those above it:
   bounds.py        one launch's bounds in one scenario, on some SMs; its CTAs' phases
   fresh.py         bytes a launch reads that its predecessors just wrote (plan/launches/regions.py)
   per_launch.py    each launch alone on the chip (LaunchCost), a submission's list (model)
-  lanes.py         the submission's graph replayed on two lanes (per lane start, end, critical)
+  lanes.py         the submission's graph replayed on two lanes (per lane start, end, critical);
+                   its forward and backward windows and how near each runs to L2, HBM, tensor
   sensitivity.py   the graph with each input moved alone (the tornado table), the placement what-if
   sections.py      the report's lanes, round-trip and sensitivity sections
   table.py         buckets, floors, the JSON and the markdown table

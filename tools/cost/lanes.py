@@ -28,11 +28,12 @@ from coppelius.plan.launches import graph as launch_graph
 from coppelius.plan import launches
 from coppelius.plan.launches.types import LANES, MAIN_LANE, SIDE_LANE
 
-from tools.cost.bounds import cta_phases, pcie_time, serial_time
-from tools.cost.inputs import HBM_BW, L2_BW, LAUNCH, LAUNCH_PDL, SCENARIOS
+from tools.cost.bounds import cta_phases, hbm_bytes, pcie_time, serial_time
+from tools.cost.inputs import BF16_FLOPS, HBM_BW, L2_BW, LAUNCH, LAUNCH_PDL, SCENARIOS
 from tools.cost.sm_sim import Grid, Sim, footprint
 
 LANE_NAMES = {MAIN_LANE: "main", SIDE_LANE: "side"}
+BACKWARD = "backward"          # in a main-lane label: the launch opens the backward window (windows)
 NOOP = "noop"                 # the device check's no-op kernel: one thread, no work, full edges
 PLAN = "plan"                 # priority_lane: the plan's (launch_graph.PRIORITY_LANE, per call)
 
@@ -126,13 +127,44 @@ def _priorities(sub, costs, s: str, planned: LaneTimes) -> dict:
             "priority_graph_us": graphs, "priority_fastest": min(graphs, key=graphs.get)}
 
 
+def windows(sub, costs, r: LaneTimes, s: str) -> list[dict]:
+    """The replay cut in two at the start of the first main-lane launch whose label names the
+    backward (the update: head_backward.dx): the forward window before it, the backward window
+    from it to the graph's end (one window, "whole", where no launch names it).  Per window its
+    µs and what its launches ask of the chip — L2 and HBM bytes (HBM less the fresh bytes still
+    in L2: bounds.hbm_bytes) and MMA FLOPs — each over the window at the scenario's rate: how near
+    the window runs to that floor.  A launch counts wholly in the window its first CTA started
+    in.  A window near its L2 or HBM floor goes faster only with fewer bytes; one far below every
+    floor waits on chains, launches and tails."""
+    cut = next((r.start_s[i] for i, x in enumerate(sub.launches)
+                if x.lane == MAIN_LANE and BACKWARD in x.label), None)
+    spans = ([("forward", 0.0, cut), ("backward", cut, r.makespan_s)] if cut is not None
+             else [("whole", 0.0, r.makespan_s)])
+    out = []
+    for name, t0, t1 in spans:
+        idx = [i for i in range(len(costs))
+               if r.start_s[i] >= t0 and (r.start_s[i] < t1 or t1 == r.makespan_s)]
+        dt = t1 - t0
+        l2 = sum(costs[i].l2_bytes for i in idx)
+        hbm = sum(hbm_bytes(costs[i].work, s) if costs[i].work is not None else costs[i].hbm_bytes
+                  for i in idx)
+        flops = sum(costs[i].flops for i in idx)
+        out.append({"window": name, "start_us": t0 * 1e6, "end_us": t1 * 1e6,
+                    "launches": len(idx), "l2_bytes": l2, "hbm_bytes": hbm, "flops": flops,
+                    "l2_use": l2 / (L2_BW[s] * dt) if dt > 0 else 0.0,
+                    "hbm_use": hbm / (HBM_BW[s] * dt) if dt > 0 else 0.0,
+                    "tensor_use": flops / (BF16_FLOPS[s] * dt) if dt > 0 else 0.0})
+    return out
+
+
 def lane_summary(sub, costs) -> dict:
     """Per scenario: the graph's makespan, per lane its start and end and which is critical (µs),
     the plan's priority lane on the higher-priority stream; `full_edges_graph_us`: every edge
     full; `backfill_graph_us` (central only): later grids may take the SMs the first grid in
     dispatch order cannot use; `*_alone_us`: each lane's launches alone, summed;
     `side_waited_us`: the side lane's launches' waits, summed, from their launch until their last
-    CTA had an SM; the priority variants (`_priorities`)."""
+    CTA had an SM; `windows`: the forward and backward windows' use of L2, HBM and the tensor
+    rate; the priority variants (`_priorities`)."""
     out = {}
     full = [dataclasses.replace(c, programmatic=False) for c in costs]
     for s in SCENARIOS:
@@ -145,6 +177,7 @@ def lane_summary(sub, costs) -> dict:
                   "side_waited_us": sum(r.placed_s[i] - r.ready_s[i] for i in side) * 1e6,
                   "programmatic_edges": sum(c.programmatic for c in costs),
                   "full_edges_graph_us": schedule(sub, full, s).makespan_s * 1e6,
+                  "windows": windows(sub, costs, r, s),
                   **_priorities(sub, costs, s, r)}
     out["central"]["backfill_graph_us"] = schedule(sub, costs, "central",
                                                    backfill=True).makespan_s * 1e6

@@ -47,7 +47,25 @@ def lanes_text(costs, lane: dict) -> str:
         "would end at " + " / ".join(f"{lane[s]['full_edges_graph_us']:.0f}" for s in SCENARIOS)
         + " µs (optimistic / central / pessimistic).  Bytes read right after a predecessor wrote "
         f"them: {fresh / 1e6:,.0f} MB, {L2_RESIDENT['central']:.0%} of them charged to L2, not "
-        "HBM (central)."])
+        "HBM (central).", "", windows_text(c["windows"])])
+
+
+def windows_text(windows: list[dict]) -> str:
+    """lanes.windows (central) as a sentence and a table: how near each window of the replay runs
+    to its L2, HBM and tensor floors."""
+    rows = ["| window | µs | launches | L2 MB | HBM MB | GFLOP | L2 use | HBM use | tensor use |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for w in windows:
+        rows.append(f"| {w['window']} {w['start_us']:.0f} → {w['end_us']:.0f} | "
+                    f"{w['end_us'] - w['start_us']:.0f} | {w['launches']} | "
+                    f"{w['l2_bytes'] / 1e6:,.0f} | {w['hbm_bytes'] / 1e6:,.0f} | "
+                    f"{w['flops'] / 1e9:.1f} | {w['l2_use']:.0%} | {w['hbm_use']:.0%} | "
+                    f"{w['tensor_use']:.0%} |")
+    return "\n".join([
+        "Windows of the replay (central; tools/cost/lanes.py `windows`): cut at the first "
+        "main-lane launch of the backward, each window's bytes and FLOPs over its time at L2_BW, "
+        "HBM_BW and BF16_FLOPS.  A window near its L2 or HBM rate goes faster only with fewer "
+        "bytes; one far below every rate waits on chains, launches and tails.", "", *rows])
 
 
 def round_trips_table(rows: list[dict]) -> str:
