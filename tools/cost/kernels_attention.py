@@ -84,9 +84,10 @@ def _attention_bwd(v: View) -> Work:
     T, H, G, d, BM, BN, W = _attn_dims(v)
     sp, progs = _programs(v, AttentionSplit.dkdv_programs, "dK/dV chunk programs")
     e = BM * BN
-    # a (query head, query block) trip: kqᵀ, pᵀdO, v dOᵀ, dsᵀq; qᵀ, dO (fp32), lse, delta in;
-    # the bf(ds)ᵀ tile out
-    step = Step(mma_flops=4 * (2 * BN * BM * d), load_bytes=d * BM * 2 + BM * d * 4 + 2 * BM * 4,
+    # a (query head, query block) trip: kqᵀ, pᵀdO, v dOᵀ, dsᵀq; qᵀ, dO, lse, delta in; the
+    # bf(ds)ᵀ tile out
+    do = v.elem("do_ptr")
+    step = Step(mma_flops=4 * (2 * BN * BM * d), load_bytes=d * BM * 2 + BM * d * do + 2 * BM * 4,
                 store_bytes=e * 2, mufu_ops=e, alu_ops=10 * e + BM * d, phases=5,
                 l2_trips=v.trip_trips)
     part = 2 * BN * d * 4                                         # dk', dv partial, fp32
@@ -97,7 +98,7 @@ def _attention_bwd(v: View) -> Work:
                     serial_ops=DECODE_OPS * n)
     ds_tiles = H * sum(sp.q_blocks - sp.first_q(n) for n in range(sp.kv_blocks))
     return Work(_by_fixed(progs, lambda pr: len(sp.dkdv_chunk_pairs(pr[0], pr[1])), fixed, step),
-                hbm_bytes=T * W * 2 + T * H * d * 4 + 2 * H * T * 4 + ds_tiles * e * 2
+                hbm_bytes=T * W * 2 + T * H * d * do + 2 * H * T * 4 + ds_tiles * e * 2
                 + len(progs) * part)
 
 

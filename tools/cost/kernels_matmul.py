@@ -105,11 +105,13 @@ def _matmul_delta(v: View) -> Work:
     M, N, K, d = v.scalar("M"), v.scalar("N"), v.scalar("K"), v.c["HEAD_DIM"]
     BM, BN, BK = v.c["BLOCK_M"], v.c["BLOCK_N"], v.c["BLOCK_K"]
     tiles = _tiles(v, M, N, BM, BN)
-    # fp32 dO out, fp32 o in, delta = Σ_d dO·o per head (a reduction over d)
-    fixed = _epilogue(v, BM * BN * 4, BM * BN * 4 + BM * (BN // d) * 4)
+    # dO out, o in (each at its buffer's element size), delta = Σ_d dO·o per head (a reduction
+    # over d, of the fp32 product)
+    do, o = v.elem("do_ptr"), v.elem("o_ptr")
+    fixed = _epilogue(v, BM * BN * o, BM * BN * do + BM * (BN // d) * 4)
     step = _mm_step(v, BM, BN, BK, v.elem("a_ptr"), v.elem("b_ptr"))
     return Work((uniform(tiles, cdiv(K, BK), step, fixed),),
-                hbm_bytes=M * K * 2 + K * N * 2 + 2 * M * N * 4 + M * N // d * 4)
+                hbm_bytes=M * K * 2 + K * N * 2 + M * N * (do + o) + M * N // d * 4)
 
 
 @family("weight_grad")
