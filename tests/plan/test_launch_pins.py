@@ -30,9 +30,11 @@ PINS = {
     # has one of its own (it shared an entry with the 128 × 128 products into a norm: 30 → 31),
     # and the final norm backward reads 8 partials (its entry moved); the gain gradients on 16
     # columns a program (both rmsnorm_bwd_gain entries moved); both head products in K blocks of
-    # 32 (their two entries moved: 73,728 B of shared memory, not 147,456)
+    # 32 (their two entries moved: 73,728 B of shared memory, not 147,456).  tiny: 64 norm rows a
+    # program and the SwiGLU forward on 64 × 64 tiles, so that no tiny kernel spills but one
+    # (every norm and the SwiGLU entry moved; the goldens' bits did not)
     "coppelius": ("8229453621f7457dae1809054d25373e8bbb459d1d42b950430c4056478f9850", (72, 164, 71), 31),
-    "tiny": ("1073a857bd6221a335163fa96eeb409c0743c41d9223fc06744eba0d52de03d2", (23, 45, 22), 27),
+    "tiny": ("8feeb3d358e9d1f197d3176c41fd301e7d95159d04a440dd60eb83325f0f17cb", (23, 45, 22), 27),
 }
 
 
