@@ -293,3 +293,18 @@ def test_wgmma_counted_per_trip_of_the_loop_and_in_the_straight_line_code():
     dkdv = [c for k, c in chains.items() if re.fullmatch(r"attention_bwd_[0-9a-f]{10}", k)]
     assert len(dkdv) == 1 and (dkdv[0].wgmma_trip, dkdv[0].wgmma_tail) == (16, 1)
     assert chain(WGMMA + WGMMA).wgmma_tail == 2 and chain(WGMMA).wgmma_trip == 0
+
+
+def test_each_kind_of_loop_has_its_own_per_trip_figure():
+    """attention_bwd_dq runs two kinds of program in one grid: dQ's loop multiplies, the merge's
+    sums partials.  per_trip_of charges each kind its own loop: in the committed 2-stage build both
+    wait an L2 round trip a trip; a loop that does not multiply is never counted as one that does
+    (a loop with no mma: 0 for mma=True)."""
+    chains = kernel_chains("coppelius", "sm_90a")
+    (dq,) = [c for k, c in chains.items() if re.fullmatch(r"attention_bwd_dq_[0-9a-f]{10}", k)]
+    inner = [lp for lp in dq.loops if lp.inner]
+    assert sorted(lp.mma for lp in inner) == [False, True]
+    assert (dq.per_trip_of(mma=True), dq.per_trip_of(mma=False), dq.per_trip) == (1.0, 1.0, 1.0)
+    c = chain(ONE_STAGE)
+    assert [lp.mma for lp in c.loops] == [False]
+    assert (c.per_trip_of(mma=False), c.per_trip_of(mma=True)) == (1.0, 0.0)

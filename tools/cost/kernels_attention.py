@@ -110,14 +110,15 @@ def _attention_bwd_dq(v: View) -> Work:
     # dQ (query block m, head): kv blocks 0 .. m, one product per trip from the stored bf(ds)ᵀ
     dq_trips = tuple(sp.dq_kv_blocks(m) for kind, m, _ in progs if kind == "dq")
     dq_step = Step(mma_flops=2 * BM * BN * d, load_bytes=BN * BM * 2 + BN * d * 2, phases=1,
-                   l2_trips=v.trip_trips)
+                   l2_trips=v.chain.per_trip_of(mma=True))
     dq_fixed = Step(load_bytes=rope, store_bytes=BM * d * 2, alu_ops=6 * BM * d,
                     hbm_trips=v.tile_trips)
     # merge (kv block n, kv head): its chunks' partials in slot order; loads that feed no dot
-    # are not software-pipelined: each trip waits for its partial from L2
+    # are not software-pipelined: each trip waits for its partial from L2 (the PTX's loop with
+    # no product; the dQ programs' step takes the loop with one: ptx_chain.Chain.per_trip_of)
     part = 2 * BN * d * 4
     mg_trips = tuple(sp.dkdv_chunks(n) for kind, n, _ in progs if kind == "merge")
-    mg_step = Step(load_bytes=part, alu_ops=2 * BN * d, l2_trips=1)
+    mg_step = Step(load_bytes=part, alu_ops=2 * BN * d, l2_trips=v.chain.per_trip_of(mma=False))
     mg_fixed = Step(load_bytes=BN * d * 4, store_bytes=2 * BN * d * 2, alu_ops=8 * BN * d,
                     hbm_trips=v.tile_trips)
     ds_tiles = H * sum(sp.q_blocks - sp.first_q(n) for n in range(sp.kv_blocks))

@@ -59,6 +59,7 @@ class LoopChain:
     trip: float                    # steady-state round trips per trip
     inner: bool                    # contains no other loop
     pipelined: bool                # waits only for copies issued in earlier trips (cp.async N > 0)
+    mma: bool = False              # its body multiplies (wgmma.mma_async or mma.sync)
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,13 @@ class Chain:
     def per_trip(self) -> float:
         """Round trips each further trip of an unpipelined inner loop adds (the largest)."""
         return max((lp.trip for lp in self.loops if lp.inner and not lp.pipelined), default=0.0)
+
+    def per_trip_of(self, mma: bool) -> float:
+        """per_trip over the inner loops that multiply (mma) or that do not: a kernel whose
+        programs run different loops (attention_bwd_dq: dQ's products, the merge's sums) charges
+        each kind its own loop's waits."""
+        return max((lp.trip for lp in self.loops
+                    if lp.inner and not lp.pipelined and lp.mma == mma), default=0.0)
 
 
 class _Walk:
@@ -166,7 +174,9 @@ def _loop_chain(blocks, rpo, loops, lp: Loop, whole: _Walk, tile: int) -> LoopCh
     """A loop's summary; a tile loop's trip is one tile's chain (not walked again)."""
     inner = not any(o.body < lp.body for o in loops)
     trip = _steady_trip(blocks, rpo, loops, lp, whole.inn[lp.header]) if inner else float(tile)
-    return LoopChain(blocks[lp.header].label, trip, inner, _pipelined(blocks, lp))
+    mma = any(ins.op.startswith(("wgmma.mma_async", "mma.sync")) for b in lp.body
+              for ins in blocks[b].instrs)
+    return LoopChain(blocks[lp.header].label, trip, inner, _pipelined(blocks, lp), mma)
 
 
 def _tile_end(walk: _Walk, region_loop: Loop | None) -> int:
