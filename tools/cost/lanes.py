@@ -146,8 +146,7 @@ def windows(sub, costs, r: LaneTimes, s: str) -> list[dict]:
                if r.start_s[i] >= t0 and (r.start_s[i] < t1 or t1 == r.makespan_s)]
         dt = t1 - t0
         l2 = sum(costs[i].l2_bytes for i in idx)
-        hbm = sum(hbm_bytes(costs[i].work, s) if costs[i].work is not None else costs[i].hbm_bytes
-                  for i in idx)
+        hbm = sum(hbm_bytes(costs[i].work, s) for i in idx)
         flops = sum(costs[i].flops for i in idx)
         out.append({"window": name, "start_us": t0 * 1e6, "end_us": t1 * 1e6,
                     "launches": len(idx), "l2_bytes": l2, "hbm_bytes": hbm, "flops": flops,
