@@ -57,7 +57,9 @@ def _no_cubin(*args):
     stages["cubin"] = lambda src, metadata: b""
 
 
-def _worker_init():
+def worker_init():
+    """A compiling process's environment (a pool's initializer): Triton compiles, not interprets,
+    with no line info and no FMA contraction, into a fresh cache, and stops at PTX."""
     os.environ["TRITON_INTERPRET"] = "0"           # the test process may have set it
     os.environ["TRITON_DISABLE_LINE_INFO"] = "1"
     os.environ["TRITON_DEFAULT_FP_FUSION"] = "0"
@@ -169,7 +171,7 @@ def build(out: Path, profile_names, target_names, jobs: int) -> list[Path]:
                 if launch.function not in launches.HAND_WRITTEN:
                     work.append((pname, target, launch))
     results = {}
-    with cf.ProcessPoolExecutor(max_workers=jobs, initializer=_worker_init) as pool:
+    with cf.ProcessPoolExecutor(max_workers=jobs, initializer=worker_init) as pool:
         futures = {pool.submit(compile_entry, (t, l)): (p, t) for p, t, l in work}
         for fut in cf.as_completed(futures):
             p, t = futures[fut]
