@@ -22,15 +22,16 @@ import concurrent.futures as cf
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from coppelius.staging.errors import UserError
+
 from tools.build_ptx import PTX_ISA, TARGETS, worker_init
-from tools.cost.kernel_stats import KernelStats, occupancy
+from tools.cost.kernel_stats import KernelStats, occupancy, ptxas_path
 
 BLOCK = (128, 128, 64)         # BLOCK_M, BLOCK_N, BLOCK_K of the probe
 WARPS, STAGES = 4, 3           # the weight gradients' (plan/tuning.py: dw_warps, mm_stages)
@@ -265,10 +266,12 @@ SIGNATURE = {"a_ptr": "*bf16", "b_ptr": "*bf16", "c_ptr": "*fp32", "M": "i32", "
 
 
 def _ptxas() -> str:
-    """The ptxas on PATH (the cost model's: tools/cost/kernel_stats.py), else Triton's own."""
-    import triton
-    return shutil.which("ptxas") or str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-                                        / "ptxas")
+    """The cost model's ptxas (tools/cost/kernel_stats.py), else the one Triton ships."""
+    try:
+        return ptxas_path()
+    except UserError:
+        import triton
+        return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas")
 
 
 SETMAXNREG = re.compile(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)")

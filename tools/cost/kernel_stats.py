@@ -56,7 +56,8 @@ def serialized_wgmma(stderr: str) -> bool:
     return SERIALIZED in stderr
 
 
-def _ptxas() -> str:
+def ptxas_path() -> str:
+    """The CUDA toolkit's ptxas: on PATH, else where the toolkit installs it."""
     for cand in (shutil.which("ptxas"), "/usr/local/bin/ptxas", "/usr/local/cuda/bin/ptxas"):
         if cand and os.access(cand, os.X_OK):
             return cand
@@ -71,7 +72,7 @@ def ptxas_stats(profile_name: str, target: str) -> dict[str, KernelStats]:
         m = json.loads((d / "manifest.json").read_text())
     except FileNotFoundError:
         raise UserError(f"{d / 'manifest.json'} is missing", f"run {REBUILD}") from None
-    ptxas = _ptxas()
+    ptxas = ptxas_path()
     out = {}
     for entry, rec in m["kernels"].items():
         r = subprocess.run([ptxas, f"-arch={target}", "-v", str(d / rec["file"]), "-o", os.devnull],
