@@ -32,9 +32,11 @@ PINS = {
     # columns a program (both rmsnorm_bwd_gain entries moved); both head products in K blocks of
     # 32 (their two entries moved: 73,728 B of shared memory, not 147,456).  tiny: 64 norm rows a
     # program and the SwiGLU forward on 64 × 64 tiles, so that no tiny kernel spills but one
-    # (every norm and the SwiGLU entry moved; the goldens' bits did not)
+    # (every norm and the SwiGLU entry moved; the goldens' bits did not); then its attention on
+    # 64 × 64 blocks, so that none spills (the three attention entries moved; the dK/dV and dQ
+    # sums regroup their fp32 terms: the goldens were made again)
     "coppelius": ("8229453621f7457dae1809054d25373e8bbb459d1d42b950430c4056478f9850", (72, 164, 71), 31),
-    "tiny": ("8feeb3d358e9d1f197d3176c41fd301e7d95159d04a440dd60eb83325f0f17cb", (23, 45, 22), 27),
+    "tiny": ("bbfdb91f20d59d7ab2c9998b3a18619afd0c9ccc31d7bee8ede38fd4e0d7bc0b", (23, 45, 22), 27),
 }
 
 

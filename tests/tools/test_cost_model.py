@@ -559,17 +559,16 @@ def test_no_committed_kernel_has_its_wgmmas_serialized(profile):
     assert not [k for k, st in stats.items() if st.wgmma_serialized]
 
 
-# Spills ptxas -v reports in the committed PTX, by (profile, target): none but the tiny
-# profile's dK/dV backward on sm_80 (128 × 128 blocks on 8 warps: 2, 1 or 3 stages and 16 warps
-# all spill, and smaller blocks would change the interpreter's bits, which the goldens pin)
-KNOWN_SPILLS = {("tiny", "sm_80"): {"attention_bwd": 188}}
+# Spills ptxas -v reports in the committed PTX, by (profile, target): none (an entry here names
+# an accepted one, kernel → bytes)
+KNOWN_SPILLS: dict[tuple[str, str], dict[str, int]] = {}
 
 
 @pytest.mark.parametrize("target", ["sm_90a", "sm_80"])
 @pytest.mark.parametrize("profile", ["coppelius", "tiny"])
 def test_no_committed_kernel_spills(profile, target):
     """Every committed kernel fits its registers (`ptxas -v`: 0 bytes of spill stores and loads),
-    the known exception apart — exactly it, so a new spill fails and so does a fixed one (then
+    any accepted exception apart — exactly it, so a new spill fails and so does a fixed one (then
     drop its entry)."""
     if not _have_ptxas():
         pytest.skip("no ptxas on this machine")
