@@ -60,7 +60,7 @@ VARIANTS = (
 class Result:
     variant: str
     compiled: bool
-    error: str = ""            # the compiler's last line where it refused
+    error: str = ""            # the compiler's first diagnostic where it refused
     num_warps: int = 0
     shared: int = 0
     global_scratch: int = 0    # bytes per program the host supplies (device-side descriptors)
@@ -75,8 +75,9 @@ class Result:
     needs_isa: str = ""        # the newest PTX ISA the features ptxas refused at the pin need
 
 
-def _kernel():
-    """The probe kernel, defined where Triton is imported (a worker process, not the caller)."""
+def probe_kernel():
+    """The probe kernel, defined on the call: Triton is imported where it compiles (a worker) or
+    interprets (a test), not where this module is."""
     import triton
     import triton.language as tl
 
@@ -117,7 +118,7 @@ def _kernel():
     return probe_matmul
 
 
-def _weight_grad_kernel():
+def weight_grad_kernel():
     """The weight gradient with AdamW (plan/kernels/weight_grad.py) with its operands through
     tensor descriptors and its tile loop warp-specialized: the same epilogue, the same tile order.
     A probe only: no launch list names it."""
@@ -222,7 +223,7 @@ def probe_weight_grad(variant: WeightGradVariant) -> WeightGradResult:
     launch = next(x for x in launches.kernels(profiles.get("coppelius")).values()
                   if x.function == "weight_grad"
                   and dict(x.constexprs)["PRODUCTS"] == variant.products)
-    fn = _weight_grad_kernel()
+    fn = weight_grad_kernel()
     args = dict(launch.args)
     constexprs = dict(launch.constexprs, BLOCK_M=variant.tile[0], BLOCK_N=variant.tile[1], PDL=True)
     signature = {n: (args[n].signature if n in args else "constexpr") for n in fn.arg_names}
@@ -325,9 +326,9 @@ def probe(variant: Variant, target: str = "sm_90a") -> Result:
     from triton.compiler import ASTSource
 
     bm, bn, bk = BLOCK
-    src = ASTSource(_kernel(), SIGNATURE, constexprs={"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
-                                                      "DESC": variant.descriptors,
-                                                      "WS": variant.warp_specialize})
+    constexprs = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "DESC": variant.descriptors,
+                  "WS": variant.warp_specialize}
+    src = ASTSource(probe_kernel(), SIGNATURE, constexprs=constexprs)
     options = {"num_warps": WARPS, "num_stages": STAGES, "num_ctas": variant.num_ctas,
                "ptx_version": PTX_ISA[0] * 10 + PTX_ISA[1], "enable_fp_fusion": False}
     try:

@@ -91,14 +91,14 @@ def test_descriptor_loads_match_pointer_loads_in_the_interpreter(shape):
     runs as a plain loop) against pointer loads, at shapes no tile divides: the same bytes."""
     import torch
 
-    from tools.hopper_probe import BLOCK, _kernel
+    from tools.hopper_probe import BLOCK, probe_kernel
 
     M, N, K = shape
     g = torch.Generator().manual_seed(sum(shape))
     a = torch.randn(K, M, generator=g).bfloat16()
     b = torch.randn(K, N, generator=g).bfloat16()
     c0 = torch.randn(M, N, generator=g)
-    kernel = _kernel()
+    kernel = probe_kernel()
     out = []
     for desc in (False, True):
         c = c0.clone()
