@@ -137,13 +137,14 @@ INTERPRETER = Tuning(mm_tiles=((128, 128),), mm_min_programs=1, mm_block_k=128, 
                      # goldens' bits do not move
                      mm_stages=1, rows=64, rows_warps=8,
                      # 64 × 64 attention blocks: at 128 × 128 the dK/dV backward spilled 100 B on
-                     # sm_80 (8 warps of 16 query rows, each holding both 128-column operands;
+                     # sm_80 (8 warps of 16 rows, each holding the whole 128-column operands;
                      # 64 × 64: 168 registers, no spill).  Its trips in chunks of 8: kv blocks 0–11
                      # split, so the split and the merge run in the whole-plan interpreter tests
                      # (80 programs, 32 unsplit); the forward is one program per (query block,
-                     # head): 64.  The interpreter's step took 17.6 s at 128 × 128 and 11.6 s here
-                     # (tools/make_golden.py --check), and the goldens were made again: the dK/dV
-                     # and dQ sums group their fp32 terms by the blocks
+                     # head): 64.  The interpreter pays per trip, and the attention runs two to
+                     # four times the trips: an update step's test 9.9 → 14.3 s, the suite about
+                     # 2 min 45 s longer (docs/PERFORMANCE.md).  The dK/dV and dQ sums group their
+                     # fp32 terms by the blocks: the goldens were made again
                      attn_m=64, attn_n=64, attn_warps=8, attn_fwd_n=128, attn_bwd_chunk=8,
                      ce_rows=32, ce_warps=8, cast_block=16384, cast_warps=8, vocab_block=64,
                      vocab_warps=8, gain_cols=128, gain_rows=128, dw_tile=(128, 128), dn_splits=1,
