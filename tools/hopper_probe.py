@@ -239,11 +239,7 @@ def probe_weight_grad(variant: WeightGradVariant) -> WeightGradResult:
     except Exception as e:
         return WeightGradResult(variant.name, False, error=str(e).splitlines()[0])
     ptx = k.asm["ptx"]
-    with tempfile.TemporaryDirectory(prefix="coppelius-probe-") as d:
-        src = Path(d) / "wg.ptx"
-        src.write_text(ptx)
-        r = subprocess.run([_ptxas(), "-arch=sm_90a", "-v", str(src), "-o", str(Path(d) / "wg.o")],
-                           capture_output=True, text=True)
+    r = _run_ptxas(ptx, "sm_90a", "-v")
     said = r.stdout + r.stderr
 
     def figure(pattern: str) -> int:
@@ -286,14 +282,19 @@ def _setmaxnreg(ptx: str) -> tuple:
 NEEDS = re.compile(r"Feature '([^']+)' requires PTX ISA \.version (\d+)\.(\d+)")
 
 
-def _assemble(ptx: str, target: str) -> tuple[str, str]:
-    """(ptxas' first error, the newest PTX ISA any feature it refused needs); ("", "") where the
-    PTX assembles."""
+def _run_ptxas(ptx: str, target: str, *flags: str) -> subprocess.CompletedProcess:
+    """ptxas on a PTX text for `target`, its object thrown away."""
     with tempfile.TemporaryDirectory(prefix="coppelius-probe-") as d:
         src = Path(d) / "probe.ptx"
         src.write_text(ptx)
-        r = subprocess.run([_ptxas(), f"-arch={target}", str(src), "-o", str(Path(d) / "probe.o")],
-                           capture_output=True, text=True)
+        return subprocess.run([_ptxas(), f"-arch={target}", *flags, str(src), "-o",
+                               str(Path(d) / "probe.o")], capture_output=True, text=True)
+
+
+def _assemble(ptx: str, target: str) -> tuple[str, str]:
+    """(ptxas' first error, the newest PTX ISA any feature it refused needs); ("", "") where the
+    PTX assembles."""
+    r = _run_ptxas(ptx, target)
     if r.returncode == 0:
         return "", ""
     errors = [re.sub(r"^.*?error\s*:\s*", "", ln) for ln in r.stderr.splitlines() if "error" in ln]
@@ -303,7 +304,7 @@ def _assemble(ptx: str, target: str) -> tuple[str, str]:
 
 def _quiet_compile(compile_fn):
     """compile_fn() with the compiler's C++ diagnostics (MLIR reproducers: pages of IR) kept off
-    the terminal; on a refusal the exception names its last diagnostic line."""
+    the terminal; on a refusal the exception names its first diagnostic line."""
     with tempfile.TemporaryFile(mode="w+") as err:
         saved = os.dup(2)
         os.dup2(err.fileno(), 2)
