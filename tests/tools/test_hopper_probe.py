@@ -88,7 +88,8 @@ def test_the_weight_gradient_partitions_only_alone_and_then_holds_an_sm(probed):
 @pytest.mark.parametrize("shape", [(200, 136, 100), (128, 128, 64), (72, 264, 130)])
 def test_descriptor_loads_match_pointer_loads_in_the_interpreter(shape):
     """The probe kernel with tensor descriptors (and warp specialization, which the interpreter
-    runs as a plain loop) against pointer loads, at shapes no tile divides: the same bytes."""
+    runs as a plain loop) against pointer loads, at two shapes no tile divides and one it does:
+    the same bytes."""
     import torch
 
     from tools.hopper_probe import BLOCK, probe_kernel
