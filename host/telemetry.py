@@ -7,16 +7,18 @@ file beside its result file: coppelius.results.telemetry_file).  Without the pac
 library, "telemetry unavailable" and why: never a failure.  A reading a GPU does not support is
 null.
 
-At the bottom of the layers: it imports nothing of coppelius, so the run and the node both use
-it."""
+At the bottom of the layers: it imports only coppelius.extras (the install hint), so the run
+and the node both use it."""
 from __future__ import annotations
 
 import time
 
+from coppelius.extras import install_command
+
 INTERVAL_S = 10.0                   # seconds between samples while a node's runs go on
 MILLI = 1000.0                      # NVML reports power in milliwatts
 UNAVAILABLE = "telemetry unavailable"
-INSTALL_HINT = "pip install 'coppelius[nvml]'"
+INSTALL_HINT = install_command("nvml")
 # every reading a sample holds, in the order the node report and the telemetry file list them
 READINGS = ("temperature_c", "power_w", "sm_clock_mhz", "memory_clock_mhz", "throttle_reasons",
             "ecc_volatile_corrected", "ecc_volatile_uncorrected", "retired_pages_pending",

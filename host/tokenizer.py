@@ -30,6 +30,7 @@ import numpy as np
 
 from coppelius.staging import paths
 
+from coppelius.extras import install_command
 from coppelius.staging.errors import UserError
 
 # in the data package coppelius.plan.data (no __init__.py): plan/data/ in the checkout,
@@ -54,8 +55,24 @@ def _tokenizers():
         import tokenizers
     except ImportError:
         raise TokenizerRefused("the `tokenizers` package is not installed",
-                               "pip install 'coppelius[text]' (tokenizers==0.23.3)") from None
+                               install_command("text")) from None
     return tokenizers
+
+
+def recognize(path) -> str | None:
+    """None when the file at `path` is a tokenizers JSON file (`--train-tokenizer FILE --force`
+    may replace it) or empty; else what it is instead."""
+    found = None
+    try:
+        data = paths.read_regular(path, "file")
+        if not data:
+            return None
+        found = json.loads(data.decode("utf-8"))
+    except (UserError, UnicodeDecodeError, ValueError, RecursionError):
+        pass
+    if isinstance(found, dict) and isinstance(found.get("model"), dict):
+        return None
+    return "it is no tokenizers JSON file (no \"model\" object)"
 
 
 def shipped(vocab: int) -> pathlib.Path:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import json
 import os
 import pathlib
 import stat
@@ -145,11 +146,19 @@ def stat_path(path, what: str, cls=UserError, hints: dict | None = None) -> os.s
 
 
 def check_output(path, what: str, *, overwrite: bool, exists_hint: str | None, cls=UserError,
-                 parents: bool = False) -> None:
+                 parents: bool = False, recognize=None, foreign_hint: str | None = None,
+                 flag: str | None = None) -> None:
     """Refuse, before any work, an output path that cannot become a regular file: one that exists
     (unless `overwrite`) or is not a regular file (a directory, FIFO, device: never replaced),
     a dangling symbolic link, a path through a file, a loop, a name too long, or (unless the
-    writer creates `parents`) a missing directory."""
+    writer creates `parents`) a missing directory.
+
+    `recognize(path)` says whether an existing file is one this kind of command writes: None
+    when it is (a previous output: `overwrite` may replace it), else what it is instead ("a
+    checkpoint (magic CPLSCKPT)").  Such a file is refused with or without `overwrite`, naming
+    what it is, with `foreign_hint`: no command replaces a file it did not write (a result
+    path that names the checkpoint being continued, a plot path that names a token cache);
+    `flag` ("--overwrite") is the option such a refusal says cannot help."""
     path = os.fspath(path)
     try:
         st = os.stat(path)
@@ -176,8 +185,63 @@ def check_output(path, what: str, *, overwrite: bool, exists_hint: str | None, c
     if not stat.S_ISREG(st.st_mode):
         raise cls(f"{what} {path} is {file_kind(st.st_mode)}, not a regular file; refusing to "
                   "write to it", "name a new or regular file")
+    found = None if recognize is None else recognize(path)
+    if found is not None:
+        but = f", with or without {flag}" if flag else ""
+        raise cls(f"{what} {path} exists and is not a {what}: {found}; refusing to replace "
+                  f"it{but}", foreign_hint or "name another path")
     if not overwrite:
         raise cls(f"{what} {path} exists", exists_hint)
+
+
+def head_bytes(path, limit: int) -> bytes:
+    """The first `limit` bytes of a regular file, for a recognizer (b"" when it cannot be read:
+    the writer's own open then names the problem)."""
+    try:
+        fd, _ = open_regular(path, "file")
+    except UserError:
+        return b""
+    try:
+        return os.pread(fd, limit, 0)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
+
+
+NOT_JSON = object()       # json_document's answer for a file that is not UTF-8 JSON
+
+
+def json_document(path):
+    """The parsed content of a JSON file ("" for an empty one; NOT_JSON for anything else: not
+    UTF-8, not JSON, unreadable), for a recognizer."""
+    try:
+        data = read_regular(path, "file")
+    except UserError:
+        return NOT_JSON
+    if not data:
+        return ""
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return NOT_JSON
+
+
+def recognize_json(fmt: str):
+    """A `check_output` recognizer for the project's versioned JSON files, which name themselves
+    with a `"format"` field ("coppelius-digests", "coppelius-telemetry"): an empty file or one of
+    format `fmt` is replaceable; anything else is named."""
+    def recognize(path) -> str | None:
+        doc = json_document(path)
+        if doc == "" or (isinstance(doc, dict) and doc.get("format") == fmt):
+            return None
+        if doc is NOT_JSON:
+            return "it is not JSON"
+        found = doc.get("format") if isinstance(doc, dict) else None
+        if found is None:
+            return f'it is JSON without "format": "{fmt}"'
+        return f"its format is {found!r}, not {fmt!r}"
+    return recognize
 
 
 def check_directory(path, what: str, cls=UserError) -> None:

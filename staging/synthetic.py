@@ -344,6 +344,16 @@ def file_sha256(path) -> str:
         return h.hexdigest()
 
 
+def fd_sha256(fd: int) -> str:
+    """sha256 of an open file's bytes, hashed over a memory map (the file is not reopened)."""
+    size = os.fstat(fd).st_size
+    h = hashlib.sha256()
+    if size:
+        with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as m:
+            h.update(m)
+    return h.hexdigest()
+
+
 def expected_sha256(profile) -> str:
     pinned = STREAM_SHA256.get(profile.name)
     if pinned:

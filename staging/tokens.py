@@ -16,12 +16,14 @@ from __future__ import annotations
 import errno
 import os
 import pathlib
+import shlex
 import stat
 import weakref
 
 import numpy as np
 
 from coppelius.staging import paths
+from coppelius.staging import synthetic
 from coppelius.staging.errors import UserError
 
 HEADER_BYTES = 16
@@ -55,8 +57,58 @@ class TokenCacheChanged(Exception):
         return f"{self.message} (hint: {self.hint})"
 
 
-_OPEN_HINTS = {errno.ENOENT: "make one with `coppelius tokenize SOURCE -o CACHE`",
-               "not regular": "name a token cache file (`coppelius tokenize SOURCE -o CACHE`)"}
+def tokenize_hint(path, profile, force: bool = False) -> str:
+    """The command that makes a token cache at `path` for `profile` (SOURCE... stands for the
+    user's text files or directories): the profile named, so that its vocabulary is the one the
+    cache is made with."""
+    force_flag = " --force" if force else ""
+    return (f"coppelius tokenize --profile {profile.name} SOURCE... -o "
+            f"{shlex.quote(os.fspath(path))}{force_flag}")
+
+
+def _cache_name_for(text) -> pathlib.Path:
+    """A token cache's name beside a text file that is not one: NAME.tokens (NAME-text.tokens
+    when the text is already called *.tokens)."""
+    text = pathlib.Path(text)
+    out = text.with_suffix(".tokens")
+    return out if out != text else text.with_name(f"{text.stem}-text.tokens")
+
+
+def open_hints(path, profile) -> dict:
+    return {errno.ENOENT: f"make one from your text: {tokenize_hint(path, profile)}",
+            "not regular": f"name a token cache file, made by {tokenize_hint('CACHE', profile)}"}
+
+
+def _check_embedded(fd: int, path, profile, size: int) -> None:
+    """A zero header means the embedded stream: refuse a file that is not that stream, naming a
+    file of zeros (a preallocated or zeroed file) as such."""
+    want = synthetic.stream_bytes(profile)
+    if size == want and synthetic.fd_sha256(fd) == synthetic.expected_sha256(profile):
+        return
+    if _all_zero(fd, size):
+        raise TokenCacheRefused(
+            f"token cache {path} is all zeros ({size:,} bytes): a preallocated or zeroed file, "
+            f"not a token cache (its zero header would mean the embedded stream, its ids token "
+            f"0 alone)", f"make one from your text: {tokenize_hint(path, profile, force=True)}")
+    raise TokenCacheRefused(
+        f"token cache {path}: its header of zeros marks the {profile.name} embedded stream, but "
+        f"its ids are not that stream ({size:,} bytes; the stream is {want:,} bytes of a fixed "
+        "sha256)", "leave out --tokens to train on the embedded stream, or make a cache from "
+        f"your text: {tokenize_hint(path, profile, force=True)}")
+
+
+def _all_zero(fd: int, size: int) -> bool:
+    """Every byte of the file is zero (read in bounded chunks, stopping at the first other)."""
+    chunk = np.empty(min(TOKEN_BYTES * _SCAN_TOKENS, max(size, 1)), np.uint8)   # bounded
+    offset = 0
+    while offset < size:
+        got = os.preadv(fd, [memoryview(chunk)], offset)
+        if got == 0:
+            break
+        if chunk[:got].any():
+            return False
+        offset += got
+    return True
 
 
 def source_files(sources) -> list[pathlib.Path]:
@@ -94,6 +146,40 @@ def header_bytes(mtime_ns: int, size: int) -> bytes:
     return np.array([(mtime_ns, size)], HEADER_DTYPE).tobytes()
 
 
+def recognize(path) -> str | None:
+    """None when the file at `path` is a token cache (`coppelius tokenize --force` may replace
+    it): empty, or a 16-byte header and u32 ids every one of which some tokenizer could emit;
+    else what it is instead.  Text or other data read as u32 holds ids far beyond any
+    tokenizer's (NO_TOKENIZER_IDS), and a checkpoint or a result file does too (its magic, its
+    fp32 values)."""
+    try:
+        fd, st = paths.open_regular(path, "file")
+    except UserError as e:
+        return e.message
+    try:
+        size = st.st_size
+        if size == 0:
+            return None
+        if size < HEADER_BYTES or (size - HEADER_BYTES) % TOKEN_BYTES:
+            return f"its size {size:,} is not 16 + 4k bytes"
+        buf = np.empty(min(_SCAN_TOKENS, (size - HEADER_BYTES) // TOKEN_BYTES), TOKEN_DTYPE)
+        first = 0
+        while True:
+            got = read_ids(fd, first, buf)
+            if got == 0:
+                return None
+            ids = buf[:got]
+            if int(ids.max()) >= NO_TOKENIZER_IDS:
+                i = int(np.argmax(ids >= NO_TOKENIZER_IDS))
+                return (f"token {first + i} would be id {int(ids[i]):,}, beyond any "
+                        "tokenizer's ids (text or other data)")
+            first += got
+    except OSError as e:
+        return f"unreadable ({paths.errno_text(e)})"
+    finally:
+        os.close(fd)
+
+
 def read_ids(fd: int, first: int, out: np.ndarray) -> int:
     """Read ids [first, first + len(out)) into `out` with ordinary reads; returns how many ids
     arrived (fewer at end of file).  An OSError propagates."""
@@ -128,11 +214,16 @@ class TokenCache:
         self.token_count = (fingerprint[0] - HEADER_BYTES) // TOKEN_BYTES
 
     @classmethod
-    def open(cls, path, profile) -> "TokenCache":
+    def open(cls, path, profile, stream_checked: bool = False) -> "TokenCache":
         """Open without blocking (a FIFO is refused, not waited on), check the size, read the
-        header.  Every OSError is a one-line refusal naming the path and the errno."""
+        header.  Every OSError is a one-line refusal naming the path and the errno.  A header
+        of zeros says "the profile's embedded stream": the file must then be that stream, byte
+        for byte (its sha256; `stream_checked` when the caller has just verified it, as
+        `synthetic.ensure_default_stream` does), so a zeroed or preallocated file, or ids that
+        borrowed the zero header, never train as if they were the stream."""
         path = pathlib.Path(path)
-        fd, st = paths.open_regular(path, "token cache", TokenCacheRefused, _OPEN_HINTS)
+        fd, st = paths.open_regular(path, "token cache", TokenCacheRefused,
+                                    open_hints(path, profile))
         try:
             size = st.st_size
             if size < HEADER_BYTES or (size - HEADER_BYTES) % TOKEN_BYTES:
@@ -147,6 +238,8 @@ class TokenCache:
                 raise TokenCacheRefused(f"token cache {path} shrank while being opened "
                                         f"(fstat said {size} bytes)",
                                         "another process is writing it; retry when it is done")
+            if raw == synthetic.STREAM_HEADER and not stream_checked:
+                _check_embedded(fd, path, profile, size)
         except BaseException:
             os.close(fd)
             raise
@@ -201,12 +294,15 @@ class TokenCache:
                     raise TokenCacheRefused(
                         f"token cache {self.path}: {self._where(a + i)} has id {int(chunk[i])}, "
                         f"beyond any tokenizer's ids: the file is not a token cache (text?)",
-                        f"make one from it: coppelius tokenize {self.path} -o CACHE")
+                        "make one from it: " + tokenize_hint(
+                            _cache_name_for(self.path), self.profile).replace(
+                                "SOURCE...", shlex.quote(os.fspath(self.path))))
                 raise TokenCacheRefused(
                     f"token cache {self.path}: {self._where(a + i)} has id {int(chunk[i])}, "
                     f"not below the vocabulary size {V}",
-                    f"re-tokenize with a tokenizer of at most {V} ids "
-                    f"(`coppelius tokenize`), or use the profile the cache was made for")
+                    f"re-tokenize with the {self.profile.name} profile's tokenizer "
+                    f"({V} ids): {tokenize_hint(self.path, self.profile, force=True)}, or use "
+                    "the profile the cache was made for")
         with paths.refusing("token cache", self.path, "read", TokenCacheRefused):
             now = _fingerprint(self.fd)
         if now != self.fingerprint:
@@ -222,7 +318,8 @@ class TokenCache:
                 f"token cache {self.path} is stale: its header records source mtime "
                 f"{self.source_mtime_ns} ns and size {self.source_size} bytes, but {source} now has "
                 f"mtime {mtime} ns and size {size} bytes",
-                f"re-run `coppelius tokenize {source} -o {self.path} --force`")
+                "re-run " + tokenize_hint(self.path, self.profile, force=True).replace(
+                    "SOURCE...", shlex.quote(os.fspath(source))))
 
     def ids(self, first: int = 0, count: int | None = None) -> np.ndarray:
         """Ids [first, first + count) (default: to the end), read now into host memory."""

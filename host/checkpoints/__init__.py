@@ -28,16 +28,53 @@ __all__ = ["CheckpointRefused", "CheckpointLocked", "CheckpointWriteFailed", "Pu
            "open_input", "read_header", "stale_temporaries", "TEMP_MARK", "lock", "LOCK_SUFFIX"]
 
 LOCK_SUFFIX = ".lock"
+LOCK_ATTEMPTS = 16      # a lock file removed by its holder between our open and our flock: retry
 
 
 @contextlib.contextmanager
 def lock(path, name=None):
     """Hold `PATH.lock` of the resolved path (flock LOCK_EX|LOCK_NB) for a run; a second holder is
     refused at once.  Resolving first makes every spelling of one checkpoint (a symbolic link,
-    `dir/../`) contend for the same lock file.  The lock dies with its process, so a leftover
-    lock file is harmless and is never removed.  `name` is how a refusal calls the checkpoint
-    (the user's spelling of a resolved path)."""
+    `dir/../`) contend for the same lock file.  `name` is how a refusal calls the checkpoint
+    (the user's spelling of a resolved path).
+
+    The lock file is its holder's: created when the lock is taken, it holds the pid, and it is
+    removed (while still locked) when the lock is released, so nothing is left beside the
+    checkpoint after a run.  A holder killed with SIGKILL leaves it behind, unlocked: the next
+    run takes it and removes it in turn.  A process that opened the file just before its holder
+    removed it would lock a file no longer there, so every taker checks after its flock that the
+    path still names the file it locked, and opens it again when not."""
     lock_path = os.path.realpath(path) + LOCK_SUFFIX
+    for _ in range(LOCK_ATTEMPTS):
+        fd = _lock_fd(path, lock_path, name)
+        held = os.fstat(fd)
+        try:
+            now = os.stat(lock_path)
+        except FileNotFoundError:
+            now = None
+        if now is not None and (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
+            break
+        os.close(fd)                # its holder removed it: the lock is now a new file's
+    else:
+        raise CheckpointLocked(f"checkpoint {os.fspath(name or path)}: {lock_path} was removed "
+                               f"and created again {LOCK_ATTEMPTS} times while being locked",
+                               "another program is removing the lock file; stop it and retry")
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield lock_path
+    finally:
+        with contextlib.suppress(OSError):
+            now = os.stat(lock_path)
+            if (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
+                os.unlink(lock_path)            # while locked: no one can hold it meanwhile
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def _lock_fd(path, lock_path: str, name) -> int:
+    """The lock file opened (created when missing) and flock'ed; CheckpointLocked when another
+    process holds it."""
     # a read-only file system refuses an existing lock file too: say "open", not "create"
     action = "open for writing" if os.path.lexists(lock_path) else "create"
     fd, _ = paths.open_regular(lock_path, "lock file", CheckpointLocked,
@@ -55,10 +92,4 @@ def lock(path, name=None):
                                f"{lock_path} is locked{by}",
                                "wait for that run to finish, or use another checkpoint path"
                                ) from None
-    try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        yield lock_path
-    finally:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
+    return fd

@@ -14,6 +14,8 @@ def register(sub) -> None:
     show = actions.add_parser("show", help="header fields, identities, update count, digests "
                                            "(checks the header, not the payload)")
     show.add_argument("path", metavar="PATH")
+    show.add_argument("--profile", help="also check the header against this profile (its "
+                                        "identities and sizes; default: show it as it is)")
     show.add_argument("--json", action="store_true", help="print one JSON object")
     show.set_defaults(func=run_show)
     verify = actions.add_parser("verify", help="verify header, identities, sizes and every "
@@ -31,9 +33,15 @@ def run_show(args) -> int:
     from rich.table import Table
 
     from coppelius.checkpoints import read_header
-    from coppelius.checkpoints.format import HEADER_BYTES, IDENTITY_NAMES, SIZE_FIELDS
+    from coppelius.checkpoints.chunks import describe
+    from coppelius.checkpoints.format import (HEADER_BYTES, IDENTITY_NAMES, SIZE_FIELDS,
+                                              check_profile)
+    from coppelius.plan import profiles
 
+    profile = None if args.profile is None else profiles.get(args.profile)
     header, st = read_header(args.path)
+    if header is not None and profile is not None:
+        check_profile(header, profile, describe(args.path))      # refused: the field named
     if header is None:
         if args.json:
             print(json.dumps({"path": args.path, "bytes": 0, "fresh": True}))

@@ -23,7 +23,9 @@ def register(sub) -> None:
     p.add_argument("directory", type=Path, metavar="DIR")
     p.add_argument("--dtype", choices=DTYPES, default="fp32",
                    help="weights as trained (fp32, default) or rounded to bf16 (half the size)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing DIR")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing DIR that a previous export wrote (and holds nothing "
+                   "else); any other directory is refused")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
@@ -32,7 +34,8 @@ def run(args) -> int:
     from coppelius import forensics
     from coppelius.export import writer
 
-    writer.check_target(args.directory, args.overwrite)       # before reading the checkpoint
+    # before reading the checkpoint; a directory that is not a previous export is never replaced
+    writer.check_target(args.directory, args.overwrite, args.checkpoint)
     ck = forensics.read_checkpoint(args.checkpoint)
     rep = writer.export(ck, args.directory, args.dtype, args.overwrite)
     if args.json:

@@ -42,7 +42,10 @@ def run(args) -> int:
 
     from coppelius.results import reader as RF
     if args.plot:                # refuse a plot path that cannot be written before the work
-        paths.check_output(args.plot, "plot", overwrite=True, exists_hint=None)
+        from coppelius.forensics.plot import recognize
+        # a plot replaces a plot it wrote, never another file (the result file, an image)
+        paths.check_output(args.plot, "plot", overwrite=True, exists_hint=None,
+                           recognize=recognize, foreign_hint="name another --plot PNG")
     rf = RF.read(args.result)
     stream = stream_used(rf, args.stream)
     if args.plot:

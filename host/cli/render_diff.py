@@ -84,20 +84,40 @@ def digest_step(rep: dict) -> int:
     return max(min(rep["a"]["steps"], rep["b"]["steps"]) - 1, 0)
 
 
+def _side_backends(rep: dict) -> tuple[str, str]:
+    """The backend each file's status block names (the identity table), "cuda" where unknown."""
+    row = next((r for r in rep.get("identity", []) if r["field"] == "backend"), None)
+    if row is None:
+        return "cuda", "cuda"
+    known = ("cuda", "interpret")
+    return tuple(b if b in known else "cuda" for b in (row["a"], row["b"]))
+
+
 def bisect_hint(rep: dict) -> str:
-    """The command to run next: digests of that update on both sides, each from the checkpoint
-    its run started from (a run advances its checkpoint in place: run again from it and the step
-    is a later one, and bisect refuses the pair), then the bisect."""
+    """The commands to run next, as they work when typed: digests of that update on each side,
+    each side from its own copy of the state both runs started from (a run advances its
+    checkpoint in place: two sides sharing one file would start from different updates, and
+    bisect refuses the pair), then the bisect.  Files that start from different update counts
+    trained different contexts: no launch of theirs compares, and the hint says so instead."""
+    c0_a, c0_b = rep["a"]["c0"], rep["b"]["c0"]
+    if c0_a != c0_b:
+        return (f"these runs started from different update counts (c0 {c0_a} vs {c0_b}): they "
+                "trained different contexts, so their losses differ by design and bisect "
+                "compares no launch of theirs; compare two runs from the same starting "
+                "checkpoint")
     n = digest_step(rep)
     tol = " --across-backends" if rep["across_backends"] else ""
-    c0 = {rep["a"]["c0"], rep["b"]["c0"]}
-    start = ("a fresh checkpoint (the runs started at update 0)" if c0 == {0} else
-             f"a copy of the checkpoint it started from (update {'/'.join(map(str, sorted(c0)))}, "
-             "saved before it ran)")
-    return (f"next, to name the kernel: run each side's invocation again from {start}, with "
-            f"--digests FILE --digest-step {n} (e.g. coppelius run ... --checkpoint START.ckpt "
-            f"--steps {n + 1} --digests A.json --digest-step {n}), then coppelius bisect A.json "
-            f"B.json{tol}")
+    if c0_a == 0:
+        start = "both started fresh: `: > A.ckpt; : > B.ckpt`"
+    else:
+        start = (f"both started at update {c0_a}: `cp START.ckpt A.ckpt; cp START.ckpt B.ckpt`, "
+                 f"START.ckpt a copy of that checkpoint saved before they ran")
+    runs = [f"`coppelius run --profile {rep['a']['profile']} --backend {backend} --checkpoint "
+            f"{side}.ckpt --result {side}.bin --steps {n + 1} --digests {side}.json "
+            f"--digest-step {n}`" for side, backend in zip("AB", _side_backends(rep))]
+    return (f"next, to name the kernel: digest update step {n} on each side, each from its own "
+            f"checkpoint ({start}), with the --tokens CACHE the runs trained on, if any: "
+            f"{runs[0]} and {runs[1]}, then `coppelius bisect A.json B.json{tol}`")
 
 
 def _first_line(f: dict) -> str:

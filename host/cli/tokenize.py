@@ -203,15 +203,20 @@ def run(args) -> int:
             f"the {profile.name} vocabulary of {profile.vocab}", tz.train_hint(profile.vocab))
     eot = tz.end_of_text_id(tok)
     out = pathlib.Path(args.output)
-    paths.check_output(out, "token cache", overwrite=args.force,
-                       exists_hint="pass --force to overwrite it", parents=True)
     files = tk.source_files(args.sources)
     if not files:
         raise UserError(f"no files under {' '.join(args.sources)}", "name files or directories")
-    if out.exists():       # (a cache that does not exist yet cannot be a source)
-        out_stat = out.stat()
-        if any(os.path.samestat(out_stat, f.stat()) for f in files):
-            raise UserError(f"{out} is one of the sources", "write the cache outside the sources")
+    try:                   # (a cache that does not exist yet cannot be a source)
+        out_stat = os.stat(out)
+    except OSError:        # check_output names what is wrong with the path
+        out_stat = None
+    if out_stat is not None and any(os.path.samestat(out_stat, f.stat()) for f in files):
+        raise UserError(f"{out} is one of the sources", "write the cache outside the sources")
+    # --force replaces a token cache, never another file at that path (text, a checkpoint)
+    paths.check_output(out, "token cache", overwrite=args.force,
+                       exists_hint="pass --force to overwrite it", parents=True,
+                       recognize=tk.recognize, foreign_hint="name another -o CACHE",
+                       flag="--force")
     mtime, size = tk.source_fingerprint(args.sources)      # before reading: edits make it stale
     batch_list = batches(files)
     jobs = min(jobs, len(batch_list))
@@ -260,7 +265,9 @@ def train_tokenizer(args, profile) -> int:
         raise UserError(f"{out} is where the shipped tokenizers live; refusing to replace one",
                         "name a file of your own, e.g. --train-tokenizer my-tokenizer.json")
     paths.check_output(out, "tokenizer", overwrite=args.force,
-                       exists_hint="pass --force to overwrite it")
+                       exists_hint="pass --force to overwrite it", recognize=tz.recognize,
+                       foreign_hint="name a new file, e.g. --train-tokenizer my-tokenizer.json",
+                       flag="--force")
     files = tk.source_files(args.sources)
     if not files:
         raise UserError(f"no files under {' '.join(args.sources)}", "name files or directories")

@@ -21,10 +21,12 @@ bindings for a CUDA 12 driver, 13.x for a CUDA 13 driver (driver ≥ 580).
 from __future__ import annotations
 
 import re
+import shlex
+import sys
 import warnings
-from pathlib import Path
 
 from coppelius.errors import BackendUnavailable, DeviceError
+from coppelius.extras import checkout_root, install_command
 
 _cu = None
 
@@ -32,27 +34,21 @@ _cu = None
 def from_checkout() -> bool:
     """True when this `coppelius` is a checkout's host/ (an editable install, or
     `python3 -m tools.checkout`), beside the Makefile and pyproject.toml; False in a wheel."""
-    root = Path(__file__).resolve().parents[2]
-    return Path(__file__).resolve().parents[1].name == "host" and all(
-        (root / name).is_file() for name in ("pyproject.toml", "Makefile"))
+    return checkout_root() is not None
 
 
 def install_hint(extra: str) -> str:
-    """How to add an optional dependency set (`demo`, `text`, `plot`), as it works here: `make`
-    in a checkout, pip's extra of the installed distribution otherwise (no `-e .` outside one)."""
-    if from_checkout():
-        target = {"demo": "make demo"}.get(extra, "make test")
-        root = Path(__file__).resolve().parents[2]
-        return f"`{target}` in {root}, or there: pip install -e '.[{extra}]'"
-    return f"pip install 'coppelius[{extra}]'"
+    """How to add an optional dependency set (`demo`, `text`, `hf`, ...), as a command that works
+    as printed here: this interpreter's pip and the extra's requirements (coppelius.extras)."""
+    return install_command(extra)
 
 
 def _no_gpu_hint() -> str:
     tiny = "`coppelius run --profile tiny --backend interpret`"
-    if from_checkout():
-        root = Path(__file__).resolve().parents[2]
-        return (f"no GPU here: `make demo` in {root} runs the tiny profile on the CPU; with pip, "
-                f"there: pip install -e '.[demo]', then {tiny}")
+    root = checkout_root()
+    if root is not None:
+        return (f"no GPU here: `make demo` in {root} runs the tiny profile on the CPU; or add "
+                f"its dependencies to this Python: {install_hint('demo')}, then {tiny}")
     return f"no GPU here: the tiny profile runs on the CPU: {install_hint('demo')}, then {tiny}"
 
 
@@ -60,8 +56,10 @@ def _no_gpu_hint() -> str:
 # test_cli.py and tests/package/test_first_hour_wheel.py run it)
 NO_GPU_HINT = _no_gpu_hint()
 BINDINGS_FLOOR = (12, 9, 1)     # pyproject.toml's floor; tests/host/backends/test_cuda_backend_fake.py ties the two
-BINDINGS_HINT = ("pip install 'cuda-bindings>=12.9.1,<13' for a CUDA 12 driver, "
-                 "'cuda-bindings>=13.0.0,<14' for a CUDA 13 driver")
+# this Python's pip, so that the command works as printed outside a virtual environment too
+BINDINGS_HINT = (f"for a CUDA 12 driver: {shlex.quote(sys.executable)} -m pip install "
+                 f"'cuda-bindings>=12.9.1,<13'; for a CUDA 13 driver: "
+                 f"{shlex.quote(sys.executable)} -m pip install 'cuda-bindings>=13.0.0,<14'")
 
 
 def cu():

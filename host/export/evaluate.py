@@ -30,6 +30,7 @@ from coppelius.staging import synthetic as S
 from coppelius.staging.tokens import TokenCache
 
 from coppelius.errors import BackendUnavailable, DeviceError
+from coppelius.extras import install_command
 from coppelius.staging.errors import UserError
 
 BACKENDS = ("auto", "reference", "interpret", "cuda")
@@ -94,7 +95,7 @@ def open_backend(name: str, profile):
         from coppelius.backends.interpret import InterpretBackend
     except ImportError as e:
         raise EvalRefused(f"the interpret backend needs Triton and torch ({e})",
-                          "`make demo`, or pip install -e '.[demo]'") from None
+                          install_command("demo")) from None
     return InterpretBackend(profile)
 
 

@@ -14,6 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from coppelius.extras import install_command
 from coppelius.export import llama, writer
 
 DEFAULT_MAX_NEW_TOKENS = 64
@@ -30,7 +31,9 @@ def _libraries():
         import torch
         import transformers
     except ImportError as e:
-        raise SampleRefused(f"sampling needs torch and transformers ({e})", writer.HF_HINT) from None
+        extra = "hf" if e.name == "transformers" else "demo"      # demo brings torch and hf
+        raise SampleRefused(f"sampling needs torch and transformers ({e})",
+                            install_command(extra)) from None
     transformers.utils.logging.disable_progress_bar()
     transformers.utils.logging.set_verbosity_error()
     return torch, transformers

@@ -10,11 +10,14 @@ no-copy level: a loss resting on that line has learned the chain but not the cop
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from coppelius.staging import paths
 from coppelius.staging import records as R
 
+from coppelius.extras import install_command
 from coppelius.staging.errors import UserError
 from coppelius.levels import WINDOW, trailing_mean
 from coppelius.forensics.summary import host_gaps_us, percentiles
@@ -43,15 +46,45 @@ def _matplotlib():
         from matplotlib.ticker import MaxNLocator
     except ImportError:
         raise PlotUnavailable("--plot needs matplotlib, which is not installed",
-                              "pip install 'coppelius[plot]'") from None
+                              install_command("plot")) from None
     return Figure, MaxNLocator
 
 
+# The PNG's Software text chunk names its writer, so that `inspect --plot` replaces only a plot
+# it wrote (never a user's image or another file at that path)
+SOFTWARE = "coppelius inspect --plot"
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+PNG_TEXT = b"tEXt"
+PNG_SOFTWARE_KEY = b"Software"
+PNG_CHUNK_HEAD = 8              # u32 BE length, 4-byte type; then the data and a 4-byte CRC
+PNG_CRC_BYTES = 4
+PNG_READ_LIMIT = 1 << 16        # the text chunks come before the image data
+
+
+def recognize(path) -> str | None:
+    """None when the file at `path` is a plot this command wrote (a PNG whose Software text says
+    SOFTWARE) or is empty; else what it is instead."""
+    head = paths.head_bytes(path, PNG_READ_LIMIT)
+    if not head and not os.path.getsize(path):
+        return None
+    if not head.startswith(PNG_SIGNATURE):
+        return "it is not a PNG image"
+    at = len(PNG_SIGNATURE)
+    while at + PNG_CHUNK_HEAD <= len(head):
+        length = int.from_bytes(head[at:at + 4], "big")
+        kind = head[at + 4:at + PNG_CHUNK_HEAD]
+        data = head[at + PNG_CHUNK_HEAD:at + PNG_CHUNK_HEAD + length]
+        if kind == PNG_TEXT and data == PNG_SOFTWARE_KEY + b"\0" + SOFTWARE.encode("latin-1"):
+            return None
+        at += PNG_CHUNK_HEAD + length + PNG_CRC_BYTES
+    return "it is a PNG image that `coppelius inspect --plot` did not write"
+
+
 def plot(rf, path, levels=None) -> None:
-    """Write `figure(rf, levels)` to `path` as a PNG of FIGSIZE × DPI pixels."""
+    """Write `figure(rf, levels)` to `path` as a PNG of FIGSIZE × DPI pixels, signed SOFTWARE."""
     fig = figure(rf, levels)
     try:
-        fig.savefig(path, dpi=DPI)
+        fig.savefig(path, dpi=DPI, format="png", metadata={"Software": SOFTWARE})
     except OSError as e:
         raise paths.os_refusal(e, "plot", path, "write", PlotUnavailable) from None
 

@@ -29,6 +29,7 @@ from coppelius.checkpoints.format import MAGIC as CHECKPOINT_MAGIC
 from coppelius.driver.device import pci_bus_id_text, uuid_text
 from coppelius.staging.errors import UserError
 
+U64_MAX = 2 ** 64 - 1
 FORWARD, STEPS, STATUS, TIMESTAMPS = (RS.SECTION[n] for n in ("forward", "steps", "status",
                                                                "timestamps"))
 ATTRIBUTES = {"steps": "losses"}            # section → ResultFile attribute, where they differ
@@ -259,7 +260,51 @@ def read(path) -> ResultFile:
     if int(st["outcome"]) not in R.OUTCOMES:
         raise ResultFileError(f"{path}: status block outcome {int(st['outcome'])} is not one of "
                               f"{sorted(R.OUTCOMES)}", _CORRUPT)
+    c0 = int(st["c0"])
+    if c0 + steps > U64_MAX:        # the update count after the run: a u64, as checkpoints hold it
+        raise ResultFileError(f"{path}: status block c0 {c0} + steps_completed {steps} = "
+                              f"{c0 + steps} is past the largest update count 2⁶⁴ − 1",
+                              _CORRUPT)
     return _views(path, raw, prof, steps, issues)
+
+
+# a killed run's file holds logits and per-row losses: fp32 of modest size, or NaN/inf (a
+# poisoned or diverged run); text or other binary read as fp32 has exponents far beyond this
+KILLED_RUN_MAX_ABS = float(2 ** 32)
+
+
+def recognize(path) -> str | None:
+    """None when the file at `path` is one `coppelius run` writes at a result path (so that
+    `--overwrite` may replace it): a result file this reader reads, an empty file, or the step
+    windows of a run killed before its tail (a forward part and whole windows of some profile,
+    holding fp32 values a run writes); else what it is instead, for the refusal."""
+    try:
+        found = read(path)
+    except ResultFileError as e:
+        why = e.message
+    else:
+        del found
+        return None
+    head = paths.head_bytes(path, len(CHECKPOINT_MAGIC))
+    if head == CHECKPOINT_MAGIC:
+        return f"it is a checkpoint (magic {CHECKPOINT_MAGIC.decode()})"
+    if os.path.getsize(path) == 0:
+        return None
+    if _killed_run(path):
+        return None
+    return f"it is no file `coppelius run` writes ({why.split(': ', 1)[-1]})"
+
+
+def _killed_run(path) -> bool:
+    size = os.path.getsize(path)
+    for prof in P.PROFILES.values():
+        fwd = FORWARD.nbytes(prof, 0, 0)
+        if size < fwd or (size - fwd) % STEPS.unit_bytes(prof):
+            continue
+        values = np.fromfile(path, "<f4")
+        finite = np.abs(values[np.isfinite(values)])
+        return not finite.size or float(finite.max()) < KILLED_RUN_MAX_ABS
+    return False
 
 
 def locate(raw: np.ndarray, size: int) -> list:

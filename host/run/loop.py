@@ -27,14 +27,15 @@ from coppelius.staging.tokens import TokenCache, TokenCacheChanged
 
 from coppelius import checkpoints as ckpt
 from coppelius.run import digest_replay
-from coppelius.run.preflight import (RunRefused, check_inputs, checkpoint_path, create_defaults,
-                                     refuse_locked)
+from coppelius.run.preflight import (Created, RunRefused, check_inputs, checkpoint_path,
+                                     create_defaults, default_stream, refuse_locked)
 from coppelius.driver import calls as drv
 from coppelius.errors import DeviceError
 from coppelius.backends.cuda.backend import CudaBackend
 from coppelius.staging.errors import UserError
 from coppelius.levels import RunLevels
 from coppelius.run.publisher import Publisher
+from coppelius.results import digests as DG
 from coppelius.results import telemetry_file
 from coppelius.results.writer import ResultWriteError, ResultWriter
 from coppelius.run.ring import DEFAULT_FENCE_TIMEOUT_S, Ring
@@ -142,9 +143,12 @@ def make_backend(name: str, profile, device: int = 0):
 def run(req: Request, progress: Progress | None = None) -> Summary:
     """One invocation.  Every refusal (arguments, paths, lock, checkpoint envelope and payload,
     token cache, backend) comes before anything is created: the directory, the default
-    checkpoint, the lock file and the embedded stream are made only once the backend is open,
-    and a result file this run created is removed when the run is refused or interrupted before
-    its first step."""
+    checkpoint, the lock file and the embedded stream are made only once the backend is open.
+    The payload's chunk digests are checked twice: in a first pass before anything is created
+    (a damaged payload is refused with the directory as it was found), and again as the
+    payload streams to the device (a file changed in between).  A refusal or an interruption
+    before the first step removes what the run created (`Created`: the result file, the stream,
+    the default checkpoint and directory; the lock file goes with the lock)."""
     progress = progress or Progress()
     profile = req.profile
     steps = profile.steps if req.steps is None else req.steps
@@ -158,36 +162,57 @@ def run(req: Request, progress: Progress | None = None) -> Summary:
         digest_replay.check_request(req.digest_step, steps)
         paths.check_output(Path(req.digests), "digests file", overwrite=req.overwrite,
                            cls=RunRefused,
-                           exists_hint="pass --overwrite, or name another --digests FILE")
+                           exists_hint="pass --overwrite, or name another --digests FILE",
+                           recognize=paths.recognize_json(DG.FORMAT),
+                           foreign_hint="name another --digests FILE", flag="--overwrite")
     with _Signals(progress) as signals:
         ckpt_path, create = checkpoint_path(req)
         c0 = 0
         if not create:
             with ckpt.open_input(ckpt_path, profile) as probe:   # refuse a bad path before locking
                 c0 = probe.update_count
+                if not probe.fresh:     # every chunk digest now, before anything is created
+                    probe.load_chunks(lambda offset, view: None)
             refuse_locked(ckpt_path)
         cache, _ = check_inputs(req, steps, c0)
         if cache is not None:
             cache.close()
         signals.check(ckpt_path)
         backend = make_backend(req.backend, profile, req.device)
-        with backend:
-            signals.check(ckpt_path)
-            create_defaults(req, ckpt_path, create)
-            # one file under every spelling (a symbolic link, dir/../): lock, read and publish the
-            # resolved path, so that two runs on one checkpoint always contend for one lock
-            resolved = Path(os.path.realpath(ckpt_path))
-            with ckpt.lock(resolved, name=ckpt_path), \
-                    ckpt.open_input(resolved, profile, name=ckpt_path) as inp:
-                cache, result_path = check_inputs(req, steps, inp.update_count, generate=True)
-                opened = Opened(steps=steps, inp=inp, cache=cache, checkpoint=ckpt_path,
-                                result=result_path, publish_to=resolved)
+        created, writers = Created(), []
+        try:
+            with backend:
                 signals.check(ckpt_path)
-                # __exit__ on a refusal removes the file if this run created it and wrote nothing
-                # steps: room for the tail is reserved, so that a full disk still leaves one
-                with ResultWriter.create(result_path, profile, overwrite=req.overwrite,
-                                         steps=steps) as writer:
-                    return _Invocation(req, opened, backend, writer, progress, signals).run()
+                create_defaults(req, ckpt_path, create, created)
+                # one file under every spelling (a symbolic link, dir/../): lock, read and
+                # publish the resolved path, so that two runs on one checkpoint always contend
+                # for one lock (the lock file is the lock's: it goes when the run ends)
+                resolved = Path(os.path.realpath(ckpt_path))
+                with ckpt.lock(resolved, name=ckpt_path), \
+                        ckpt.open_input(resolved, profile, name=ckpt_path) as inp:
+                    stream = default_stream(req)
+                    fresh_stream = stream is not None and not os.path.lexists(stream)
+                    cache, result_path = check_inputs(req, steps, inp.update_count,
+                                                      generate=True)
+                    if fresh_stream:
+                        created.add(stream, Created.FILE)
+                    opened = Opened(steps=steps, inp=inp, cache=cache, checkpoint=ckpt_path,
+                                    result=result_path, publish_to=resolved)
+                    signals.check(ckpt_path)
+                    # __exit__ on a refusal removes the file if this run created it and wrote
+                    # nothing; steps: room for the tail is reserved, so that a full disk still
+                    # leaves one
+                    with ResultWriter.create(result_path, profile, overwrite=req.overwrite,
+                                             steps=steps) as writer:
+                        writers.append(writer)
+                        return _Invocation(req, opened, backend, writer, progress,
+                                           signals).run()
+        except UserError:
+            # refused (a damaged checkpoint payload is found while it streams to the device)
+            # or interrupted before the first step: what this run created goes with it
+            if not any(w.bytes_written for w in writers):
+                created.undo()
+            raise
 
 
 # what ends a run with its tail written; anything else (a host bug) propagates without one

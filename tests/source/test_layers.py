@@ -27,7 +27,8 @@ ALLOWED = {"staging": (f"{PACKAGE}.staging",),
            "host": (PACKAGE,)}
 TOOLS = "tools"
 # inside host/: a module of a package may import its own package and packages of a lower rank only
-RANKS = {"": 0, "errors": 0, "levels": 0, "tokenizer": 0, "slurm": 0, "telemetry": 0,
+RANKS = {"extras": -1,      # the optional dependency sets: imports nothing of coppelius
+         "": 0, "errors": 0, "levels": 0, "tokenizer": 0, "slurm": 0, "telemetry": 0,
          "driver": 1, "checkpoints": 1,
          "results": 2, "backends": 2,
          "run": 3, "forensics": 3, "export": 3,

@@ -99,7 +99,8 @@ def inputs(tmp_path_factory):
     """Valid files for the arguments that are not under test."""
     d = tmp_path_factory.mktemp("inputs")
     ids = np.random.default_rng(0).integers(0, TINY.vocab, 4 * TINY.context + 1, dtype="<u4")
-    (d / "tiny.tokens").write_bytes(tk.header_bytes(0, 0) + ids.tobytes())
+    # a source's header: zeros would claim the embedded stream
+    (d / "tiny.tokens").write_bytes(tk.header_bytes(1, 1) + ids.tobytes())
     (d / "fresh.ckpt").write_bytes(b"")
     synthesize(TINY, seed=1).write(d / "r0.bin")
     synthesize(TINY, seed=2, c0=1).write(d / "r1.bin")          # a continuation: needs --checkpoint

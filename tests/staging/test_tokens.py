@@ -17,7 +17,10 @@ TINY = profiles.get("tiny")
 T, V = TINY.context, TINY.vocab
 
 
-def write_cache(path, ids, header=(0, 0)):
+A_SOURCE = (1, 1)      # a tokenized source's header: zeros claim the embedded stream
+
+
+def write_cache(path, ids, header=A_SOURCE):
     with open(path, "wb") as f:
         f.write(tk.header_bytes(*header))
         f.write(np.asarray(ids, "<u4").tobytes())
@@ -126,10 +129,12 @@ def test_stale_header_refused(tmp_path):
     src.write_text("def f():\n    return 2\n\n")                     # size changes too
     refused(lambda: tk.TokenCache.open(cache_path, TINY).validate_run(0, 2, source=str(src)),
             "size 23 bytes")
-    # a generated stream (zero header) named with a source is stale as well
-    gen = write_cache(tmp_path / "g", stream(2 * T + 1))
-    refused(lambda: tk.TokenCache.open(gen, TINY).validate_run(0, 2, source=str(src)), "mtime 0 ns")
-    refused(lambda: tk.TokenCache.open(gen, TINY).validate_run(0, 2, source=str(tmp_path / "x")),
+    # another source's header is stale as well, and a missing source is named
+    other = write_cache(tmp_path / "g", stream(2 * T + 1))
+    refused(lambda: tk.TokenCache.open(other, TINY).validate_run(0, 2, source=str(src)),
+            "mtime 1 ns")
+    refused(lambda: tk.TokenCache.open(other, TINY).validate_run(0, 2,
+                                                                 source=str(tmp_path / "x")),
             "does not exist")
 
 
@@ -151,6 +156,7 @@ def test_large_cache_opens_without_reading(tmp_path):
     path = tmp_path / "big.tokens"
     n = 100_000_000                    # 400 MB, sparse: opening must not read it
     with open(path, "wb") as f:
+        f.write(tk.header_bytes(*A_SOURCE))      # zeros would claim the stream: checked whole
         f.truncate(16 + 4 * n)
     t = time.perf_counter()
     cache = tk.TokenCache.open(path, profiles.get("coppelius"))

@@ -22,7 +22,8 @@ T, V = TINY.context, TINY.vocab
 def _cache(tmp_path, contexts=4):
     ids = np.random.default_rng(5).integers(0, V, contexts * T + 1, dtype=np.uint32)
     path = tmp_path / "c.tokens"
-    path.write_bytes(tk.header_bytes(0, 0) + ids.astype("<u4").tobytes())
+    # a source's header: zeros would claim the embedded stream
+    path.write_bytes(tk.header_bytes(1, 1) + ids.astype("<u4").tobytes())
     cache = tk.TokenCache.open(path, TINY)
     cache.validate_run(0, contexts)
     return path, cache, ids
@@ -90,7 +91,7 @@ def test_grown_touched_or_new_header_is_a_change(tmp_path, change):
         with open(path, "r+b") as f:
             f.write(tk.header_bytes(7, 9))
         _keep_mtime(path, st)
-        frag = "header 0000"
+        frag = f"header {tk.header_bytes(1, 1).hex()} → "
     _changed(lambda: cache.context(0), frag, "context 0")
 
 

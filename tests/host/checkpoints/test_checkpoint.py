@@ -7,6 +7,7 @@ import hashlib
 import os
 import struct
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -314,9 +315,43 @@ def test_lock_refuses_second_holder_at_once(tmp_path):
                 pass
         assert time.perf_counter() - t0 < 0.5
         assert f"{p}.lock is locked (held by pid {os.getpid()})" in str(e.value)
-    with ckpt.lock(p):                          # released on exit; the lock file stays, harmless
-        pass
-    assert os.path.exists(f"{p}.lock")
+    assert not os.path.lexists(f"{p}.lock"), "the holder removes its lock file"
+    with ckpt.lock(p):                          # released on exit, so it can be taken again
+        assert os.path.exists(f"{p}.lock")
+    assert sorted(os.listdir(tmp_path)) == []
+
+
+def test_a_lock_file_left_by_a_killed_holder_is_taken_and_removed(tmp_path):
+    """kill -9 leaves the file, unlocked: the next holder takes it and removes it."""
+    p = tmp_path / "a.ckpt"
+    Path(f"{p}.lock").write_text("12345\n")
+    with ckpt.lock(p):
+        assert Path(f"{p}.lock").read_text() == f"{os.getpid()}\n"
+    assert not os.path.lexists(f"{p}.lock")
+
+
+def test_a_lock_file_removed_under_a_taker_is_opened_again(tmp_path, monkeypatch):
+    """A taker that opened the lock file just before its holder removed it, and locked it just
+    after, holds a file no longer at the path: it must open the path again, so that it and a
+    later taker of the new file never both hold the checkpoint."""
+    import fcntl
+    p = tmp_path / "a.ckpt"
+    lock_path = f"{p}.lock"
+    with ckpt.lock(p):
+        early = os.open(lock_path, os.O_RDWR)    # opened while the holder still held it
+    fcntl.flock(early, fcntl.LOCK_EX | fcntl.LOCK_NB)   # ... and locked once it let go
+    real, calls = ckpt._lock_fd, []
+
+    def first_the_orphan(*args):
+        calls.append(args)
+        return early if len(calls) == 1 else real(*args)
+    monkeypatch.setattr(ckpt, "_lock_fd", first_the_orphan)
+    with ckpt.lock(p):
+        assert len(calls) == 2, "the orphaned file was not taken for the lock"
+        monkeypatch.setattr(ckpt, "_lock_fd", real)
+        with pytest.raises(ckpt.CheckpointLocked, match="is in use by another run"):
+            with ckpt.lock(p):                  # the file at the path is the one held
+                pass
 
 
 def test_lock_in_missing_directory_is_refused(tmp_path):

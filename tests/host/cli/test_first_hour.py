@@ -129,10 +129,11 @@ def test_a_text_file_as_token_cache_is_named_as_such(tmp_path, capsys):
                    tmp_path)
     assert "not a token cache" in line and "re-tokenize" not in line, line
     hint = hint_of(line)
-    assert hint == f"make one from it: coppelius tokenize {text} -o CACHE"
-    pytest.importorskip("tokenizers")
     cache = tmp_path / "notes.tokens"
-    argv = shlex.split(hint.split(": ", 1)[1].replace("CACHE", str(cache)))
+    # the run's profile named: a cache of the default profile's ids would be refused in turn
+    assert hint == f"make one from it: coppelius tokenize --profile tiny {text} -o {cache}"
+    pytest.importorskip("tokenizers")
+    argv = shlex.split(hint.split(": ", 1)[1])
     assert cli.main(argv[1:]) == 0 and cache.is_file()          # the hint, run as printed
 
 
@@ -180,9 +181,72 @@ def test_a_run_that_goes_ahead_creates_its_files_and_says_one_step(fake, tmp_pat
     d = tmp_path / "coppelius-run"
     names = sorted(p.name for p in d.iterdir())
     assert names == ["tiny-result-c0.bin", "tiny-result-c0.bin.telemetry.json",
-                     f"tiny{synthetic.STREAM_SUFFIX}", "tiny.ckpt", "tiny.ckpt.lock"], names
+                     f"tiny{synthetic.STREAM_SUFFIX}", "tiny.ckpt"], names   # no lock file left
     assert "c0=0, 1 step," in err, err
     assert "completed: 1/1 step, update count 1, 1 publication," in err, err
+
+
+def damaged_checkpoint(path: Path) -> Path:
+    """A tiny checkpoint whose header is sound and whose last payload byte is flipped."""
+    import numpy as np
+    P = np.linspace(-1, 1, TINY.parameter_count, dtype=np.float32)
+    checkpoints.publish(path, TINY, P, P, P, update_count=1)
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 1
+    path.write_bytes(bytes(data))
+    return path
+
+
+def contents(root: Path) -> dict:
+    """Every entry under `root` with its kind and bytes (not the directories' mtimes)."""
+    return {str(p.relative_to(root)): p.read_bytes() if p.is_file() else "dir"
+            for p in sorted(root.rglob("*"))}
+
+
+@needs_ptx
+@pytest.mark.parametrize("where", ["the default directory", "a named checkpoint"])
+def test_a_damaged_checkpoint_payload_is_refused_before_anything_is_created(fake, tmp_path,
+                                                                            capsys, where):
+    """Every chunk digest is checked before the backend opens: nothing is created (no stream,
+    no lock file, no directory, no result), not even for a moment (the mtimes hold)."""
+    if where == "the default directory":
+        (tmp_path / "coppelius-run").mkdir()
+        damaged_checkpoint(tmp_path / "coppelius-run" / "tiny.ckpt")
+        argv = default_run(tmp_path, "--backend", "cuda", "--steps", "1")
+    else:
+        (tmp_path / "src").mkdir()
+        ck = damaged_checkpoint(tmp_path / "src" / "tiny.ckpt")
+        argv = default_run(tmp_path, "--backend", "cuda", "--steps", "1", "--checkpoint", str(ck))
+    line = refused(capsys, argv, tmp_path)
+    assert "digest differs" in line and "payload is damaged" in line, line
+
+
+@needs_ptx
+def test_a_payload_damaged_while_the_backend_opens_leaves_what_was_there(fake, tmp_path, capsys,
+                                                                         monkeypatch):
+    """Damaged after the first pass (as the backend opened): the load's own digests refuse
+    it, and what the run had created by then — its directory, the stream, the lock file, the
+    result file — goes with the refusal."""
+    from coppelius.run import loop
+    ck = damaged_checkpoint(tmp_path / "tiny.ckpt")
+    sound = bytearray(ck.read_bytes())
+    sound[-1] ^= 1
+    ck.write_bytes(bytes(sound))                         # sound for the first pass ...
+    real = loop.make_backend
+
+    def damaging(*args):
+        backend = real(*args)
+        damaged_checkpoint(ck)                           # ... damaged as the backend opens
+        return backend
+    monkeypatch.setattr(loop, "make_backend", damaging)
+    before = contents(tmp_path)
+    before["tiny.ckpt"] = damaged_checkpoint(tmp_path / "copy.ckpt").read_bytes()
+    (tmp_path / "copy.ckpt").unlink()
+    assert cli.main(default_run(tmp_path, "--backend", "cuda", "--steps", "1", "--checkpoint",
+                                str(ck))) == 2
+    err = capsys.readouterr().err
+    assert "digest differs" in err and len(err.strip().splitlines()) == 1, err
+    assert contents(tmp_path) == before
 
 
 # ------------------------------------------------------------------------- smaller defects
@@ -264,19 +328,21 @@ def check_named_commands(hint: str) -> list[str]:
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
         "optional-dependencies"]
     named = re.findall(r"`([^`]+)`", hint)
-    named += re.findall(r"(pip install(?: (?:'[^']*'|-e))+)", hint)
+    named += re.findall(r"(\S+ -m pip install (?:'[^']*'|[^\s,;`']+)(?: (?:'[^']*'|[^\s,;`']+))*)",
+                        hint)
     named += re.findall(r"(coppelius [a-z]+ --[^,;`]+?)(?:,|;|$| then)", hint)
     assert named, hint
     for cmd in named:
         words = shlex.split(cmd.replace("…", "").replace("SOURCE...", "src.py"))
         if words[0] == "make":
             assert words[1] in makefile_targets(), cmd
-        elif words[:2] == ["pip", "install"]:
-            spec = words[-1]
-            Requirement(spec if spec[0] != "." else "coppelius" + spec[1:])
-            extra = re.search(r"\[(\w+)\]", spec)
-            assert extra is None or extra.group(1) in extras, cmd
-            assert "-e" not in words or drv.from_checkout(), cmd
+        elif words[1:4] == ["-m", "pip", "install"]:
+            # this interpreter's pip and the packages themselves, never the project by name
+            assert words[0] == sys.executable, cmd
+            for spec in words[4:]:
+                assert not spec.startswith(("coppelius", ".", "-")), cmd
+                Requirement(spec)
+            assert extras, "pyproject.toml has its extras"
         elif words[0] == "coppelius":
             try:
                 cli.build_parser().parse_args(words[1:])

@@ -1,11 +1,13 @@
-"""Real text on the tiny profile, from a checkout with nothing installed (`python3 -m
-tools.checkout`): `coppelius tokenize --profile tiny` encodes files of Python's standard library
-with the shipped 512-id tokenizer, and a one-step tiny run on the interpret backend trains on that
-cache (one interpret step: about 13 s on an idle 2-core machine, a minute when it is shared)."""
+"""The README's first hour on text of your own, from a checkout: its code block ("The tiny profile
+on text of your own") read from the README and run as written in a fresh directory with the
+checkout's `.venv/bin/coppelius` (the editable install `make demo` and `make test` leave) —
+tokenize files of Python's standard library with the shipped 512-id tokenizer, train the tiny
+profile on the interpret backend, inspect, export, sample, evaluate — but for `--steps 1` on the
+run (one interpret step: about 20 s on an idle 2-core machine, a minute when it is shared)."""
 from __future__ import annotations
 
-import subprocess
-import sysconfig
+import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,44 +16,30 @@ import pytest
 from coppelius.plan import profiles
 from coppelius.staging import tokens as tk
 
-from tests.support.paths import ROOT
-from tests.support.venvs import fresh_venv, run
+from tests.support.first_hour import as_typed, readme_block, run_script
 
 TINY = profiles.get("tiny")
-STDLIB = Path(sysconfig.get_paths()["stdlib"])
-SOURCES = [STDLIB / "json", STDLIB / "textwrap.py"]        # 68 kB: 32 contexts of the tiny 1024
-RUN_TIMEOUT_S = 600
+HEADING = "### The tiny profile on text of your own"
 
 
-@pytest.fixture(scope="module")
-def python(tmp_path_factory):
-    """A fresh venv: the dependencies reachable, `coppelius` not installed (the shim mounts it)."""
-    return fresh_venv(tmp_path_factory.mktemp("bare") / "env")
-
-
-def checkout(python, *args) -> subprocess.CompletedProcess:
-    return run(python, "-m", "tools.checkout", *map(str, args), cwd=ROOT, timeout=RUN_TIMEOUT_S)
-
-
-def test_tokenize_tiny_on_the_stdlib_then_a_tiny_interpret_step(python, tmp_path):
-    pytest.importorskip("tokenizers")
-    pytest.importorskip("triton")
-    cache = tmp_path / "stdlib.tokens"
-    r = checkout(python, "tokenize", "--profile", "tiny", *SOURCES, "-o", cache)
-    assert r.returncode == 0, r.stderr
+def test_the_readme_text_block_runs_as_written_from_a_checkout(tmp_path):
+    for module in ("tokenizers", "triton", "transformers", "safetensors"):
+        pytest.importorskip(module)
+    coppelius = Path(sys.executable).parent / "coppelius"
+    if not coppelius.is_file():
+        pytest.skip(f"no {coppelius}: the suite runs outside the checkout's venv")
+    r = run_script(as_typed(readme_block(HEADING), coppelius), tmp_path)
+    assert r.returncode == 0, r.stderr[-4000:]
+    out = r.stdout
+    cache = tmp_path / "coppelius-demo" / "text.tokens"
     opened = tk.TokenCache.open(cache, TINY)
     ids = np.fromfile(cache, "<u4", offset=tk.HEADER_BYTES)
     assert opened.token_count == ids.size > TINY.context + 1
     assert int(ids.max()) < TINY.vocab and int(ids.min()) == 0      # <|endoftext|> per file
-    opened.validate_run(0, 1)
-    r = checkout(python, "run", "--profile", "tiny", "--backend", "interpret", "--steps", "1",
-                 "--quiet", "--tokens", cache, "--directory", tmp_path / "run")
-    assert r.returncode == 0, r.stderr
-    assert "completed: 1/1 step, update count 1, 1 publication" in r.stderr, r.stderr
-    from coppelius.results.reader import read
-    rf = read(tmp_path / "run" / "tiny-result-c0.bin")
-    assert rf.outcome == "completed" and rf.steps == 1
-    assert np.isfinite(rf.step_losses()).all()
-    # no embedded stream was generated for a run on --tokens
-    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [
-        "tiny-result-c0.bin", "tiny.ckpt", "tiny.ckpt.lock"]
+    assert "completed: 1/1 step, update count 1, 1 publication" in r.stderr, r.stderr[-4000:]
+    run_dir = tmp_path / "coppelius-demo" / "text"
+    # no embedded stream for a run on --tokens, and no lock file after it
+    assert sorted(p.name for p in run_dir.iterdir()) == ["tiny-result-c0.bin", "tiny.ckpt"]
+    assert (tmp_path / "coppelius-demo" / "text-hf" / "model.safetensors").is_file()
+    assert "outcome completed" in out and re.search(r"-- \d+ new tokens", out), out
+    assert "mean loss" in out and "contexts 1..8" in out, out

@@ -115,7 +115,9 @@ def test_plot_without_matplotlib(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     assert cli.main(["inspect", str(path), "--plot", str(tmp_path / "p.png")]) == 2
     err = capsys.readouterr().err
-    assert "needs matplotlib" in err and "coppelius[plot]" in err and err.count("\n") == 1
+    # the hint: this Python's pip and matplotlib itself (tests/host/cli/test_hints_run.py)
+    assert "needs matplotlib" in err and err.count("\n") == 1
+    assert f"{sys.executable} -m pip install 'matplotlib" in err, err
     assert not (tmp_path / "p.png").exists()
 
 

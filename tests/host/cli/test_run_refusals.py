@@ -57,7 +57,8 @@ def guard():
 def cache(path: Path, contexts: int = TINY.steps + 2) -> Path:
     ids = np.random.default_rng(5).integers(0, TINY.vocab, TINY.context * contexts + 1,
                                             dtype="<u4")
-    path.write_bytes(tk.header_bytes(0, 0) + ids.tobytes())
+    # a source's header: zeros would claim the embedded stream
+    path.write_bytes(tk.header_bytes(1, 1) + ids.tobytes())
     return path
 
 

@@ -221,22 +221,27 @@ def test_refuses_bad_jobs(tmp_path, capsys, bad):
     assert not out.exists()
 
 
+# an earlier cache at -o (--force replaces only a token cache:
+# tests/host/cli/test_replace_only_own.py)
+OLD_CACHE = tk.header_bytes(1, 1) + np.arange(7, dtype="<u4").tobytes()
+
+
 def test_worker_refusal_keeps_old_cache_and_no_temporary(tmp_path, capsys, one_file_per_batch):
     """A NUL file in a late batch, found by a worker: refused like in-process, the old cache
     untouched, no temporary file left."""
     src = make_corpus(tmp_path)
     (src / "zz.bin").write_bytes(b"text\0more")
     out = tmp_path / "c.tokens"
-    out.write_bytes(b"old cache")
+    out.write_bytes(OLD_CACHE)
     refused(capsys, tokenize(src, "-o", out, "--force", "--jobs", 2), "zz.bin", "NUL bytes")
-    assert out.read_bytes() == b"old cache"
+    assert out.read_bytes() == OLD_CACHE
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.tokens", "corpus"]
 
 
 def test_interrupt_mid_write_keeps_old_cache(tmp_path, monkeypatch, capsys, one_file_per_batch):
     src = make_corpus(tmp_path, n=3)
     out = tmp_path / "c.tokens"
-    out.write_bytes(b"old cache")
+    out.write_bytes(OLD_CACHE)
     real, calls = cmd_tokenize.encode_batch, []
 
     def interrupted(paths, eot):
@@ -247,7 +252,7 @@ def test_interrupt_mid_write_keeps_old_cache(tmp_path, monkeypatch, capsys, one_
 
     monkeypatch.setattr(cmd_tokenize, "encode_batch", interrupted)
     assert tokenize(src, "-o", out, "--force", "--jobs", 1) == 130
-    assert out.read_bytes() == b"old cache"
+    assert out.read_bytes() == OLD_CACHE
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.tokens", "corpus"]
 
 

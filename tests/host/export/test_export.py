@@ -152,16 +152,18 @@ def test_the_tokenizer_loads_and_emits_only_the_models_ids(tiny_checkpoint, tmp_
     assert tk.eos_token == "<|endoftext|>" and tk.eos_token_id == llama.END_OF_TEXT_ID
 
 
-def test_existing_directory_refused_unless_overwrite(tiny_checkpoint, tmp_path, capsys):
+def test_existing_export_refused_unless_overwrite(tiny_checkpoint, tmp_path, capsys):
+    """A previous export is replaced with --overwrite only; any other directory never is
+    (tests/host/export/test_export_safety.py)."""
     out = tmp_path / "hf"
-    out.mkdir()
-    (out / "keep").write_text("old")
+    assert main(["export", str(tiny_checkpoint[0]), str(out)]) == 0
+    capsys.readouterr()
     assert main(["export", str(tiny_checkpoint[0]), str(out)]) == 2
-    assert "exists" in capsys.readouterr().err and (out / "keep").exists()
+    assert "exists (a previous export)" in capsys.readouterr().err
     assert main(["export", str(tiny_checkpoint[0]), str(out), "--overwrite", "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
     assert rep["profile"] == "tiny" and rep["update_count"] == 3
-    assert not (out / "keep").exists() and (out / "model.safetensors").is_file()
+    assert (out / "model.safetensors").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
 
 

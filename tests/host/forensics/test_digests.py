@@ -165,7 +165,7 @@ def test_diff_ends_with_the_bisect_to_run_next():
     assert digest_step(rep) == 2
     hint = bisect_hint(rep)
     assert "--digest-step 2" in hint and "--steps 3" in hint
-    assert hint.endswith("coppelius bisect A.json B.json --across-backends")
+    assert hint.endswith("`coppelius bisect A.json B.json --across-backends`")
     assert digest_step(dict(rep, first={"section": "forward"})) == 0
     assert digest_step(dict(rep, first={"section": "final"})) == 7
 
@@ -180,9 +180,10 @@ def test_the_digests_flags_are_refused_before_any_work(tmp_path, capsys):
             tmp_path / "c.ckpt", "--directory", tmp_path)
     assert r.returncode == 2 and "--digest-step 2 is outside this run's steps 0..1" in r.stderr
     assert not (tmp_path / "d.json").exists() and not list(tmp_path.glob("*.bin"))
-    (tmp_path / "d.json").write_text("{}")
+    earlier = {"format": DG.FORMAT}                     # an earlier digests file of its own
+    (tmp_path / "d.json").write_text(json.dumps(earlier))
     r = cli(capsys, "run", "--profile", "tiny", "--backend", "interpret", "--steps", "1",
             "--digests", tmp_path / "d.json", "--checkpoint", tmp_path / "c.ckpt",
             "--directory", tmp_path)
     assert r.returncode == 2 and "digests file" in r.stderr and "--overwrite" in r.stderr
-    assert json.loads((tmp_path / "d.json").read_text()) == {}
+    assert json.loads((tmp_path / "d.json").read_text()) == earlier

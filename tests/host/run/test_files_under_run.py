@@ -54,7 +54,8 @@ class At:
 
 def cache_file(path, contexts=TINY.steps + 1):
     ids = np.random.default_rng(7).integers(0, V, contexts * T + 1, dtype=np.uint32)
-    path.write_bytes(tk.header_bytes(0, 0) + ids.astype("<u4").tobytes())
+    # a source's header: zeros would claim the embedded stream
+    path.write_bytes(tk.header_bytes(1, 1) + ids.astype("<u4").tobytes())
     return path
 
 
