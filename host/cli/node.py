@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 ORDER = 15
@@ -44,6 +45,11 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the report as JSON (docs/NODE.md)")
     p.add_argument("--junit", type=Path, metavar="FILE",
                    help="also write JUnit XML: one test case per GPU")
+    p.add_argument("--metrics", type=Path, metavar="FILE",
+                   help="also write the verdicts as Prometheus metrics (prometheus-client; e.g. "
+                   "node exporter's textfile directory, DIR/coppelius.prom; docs/NODE.md); a "
+                   "file that cannot be written is one line on stderr, never a change of verdict "
+                   "or exit status")
     p.set_defaults(func=run)
 
 
@@ -58,18 +64,75 @@ def run(args) -> int:
                           f"the {profile.name} profile runs 1 to {profile.steps} steps")
     if args.soak < 1:
         raise NodeRefused(f"--soak {args.soak}: at least 1", "e.g. --soak 8")
+    if args.junit is not None:      # before the runs: it replaces only a report of this command
+        from coppelius.staging import paths
+        paths.check_output(args.junit, "JUnit file", overwrite=True, exists_hint=None,
+                           cls=NodeRefused, recognize=junit_recognize,
+                           foreign_hint="name another --junit FILE")
     inv = Invocation(profile=args.profile, backend=args.backend, steps=args.steps,
                      work=args.work, timeout_s=args.timeout, digests=args.digests,
                      soak=args.soak)
+    # checked before the runs, so an operator learns at once; the node is checked all the same
+    metrics = args.metrics is not None and _metrics_ready(args.metrics)
     report = run_node(inv, expect=args.expect, count=args.count,
                       telemetry_interval_s=args.telemetry_interval)
     if args.junit is not None:
         args.junit.write_bytes(junit_xml(report))
+    if metrics:
+        _write_metrics(report, args.metrics)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
         render(report)
     return report["exit"]
+
+
+JUNIT_SUITE = "coppelius node"      # how junit_xml names its test suite (host/node/report.py)
+
+
+def junit_recognize(path) -> str | None:
+    """None when the file at `path` is a JUnit report `coppelius node` wrote (or empty); else
+    what it is instead: --junit never replaces another file."""
+    import xml.etree.ElementTree as ET
+
+    from coppelius.staging import paths
+    from coppelius.staging.errors import UserError
+    try:
+        data = paths.read_regular(path, "JUnit file")
+        if not data:
+            return None
+        root = ET.fromstring(data)
+    except (UserError, ET.ParseError):
+        return "it is not an XML file"
+    suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
+    if root.tag in ("testsuites", "testsuite") and suites and all(
+            s.get("name", "").startswith(JUNIT_SUITE) for s in suites):
+        return None
+    return "it is no JUnit report of `coppelius node`"
+
+
+def _metrics_refused(e) -> None:
+    """A metrics file that cannot be written is one line on stderr: the verdicts and the exit
+    status stay the GPUs' (a Prolog must not drain a node for its monitoring's sake)."""
+    print(f"coppelius node: metrics not written (the verdicts stand): {e}", file=sys.stderr)
+
+
+def _metrics_ready(path: Path) -> bool:
+    from coppelius.node.metrics import MetricsRefused, check
+    try:
+        check(path)
+    except MetricsRefused as e:
+        _metrics_refused(e)
+        return False
+    return True
+
+
+def _write_metrics(report: dict, path: Path) -> None:
+    from coppelius.node.metrics import MetricsRefused, from_report, write
+    try:
+        write(from_report(report), path)
+    except MetricsRefused as e:
+        _metrics_refused(e)
 
 
 def render(report: dict) -> None:

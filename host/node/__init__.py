@@ -4,8 +4,10 @@ verdict per GPU (docs/NODE.md).
 `targets` lists what runs (the visible GPUs for the cuda backend; `count` CPU slots for the
 interpret one), `children` starts and watches one `coppelius run` per target, each with its own
 fresh checkpoint and result under the work directory, `verdicts` compares every result with the
-reference (a known-good file or directory, else the node's majority class), and `report` gives the
-versioned JSON and the JUnit XML.  `run_node` ties them together.
+reference (a known-good file or directory, else the node's majority class), `report` gives the
+versioned JSON and the JUnit XML, and `metrics` the Prometheus metrics (`gathered`: the same for
+result files that runs left elsewhere, the fleet's job array and node check).  `run_node` ties
+them together.
 """
 from __future__ import annotations
 

@@ -50,6 +50,7 @@ class Child:
     log: object = field(default=None, repr=False)   # the child's stdout and stderr (run.log)
     started: float = 0.0
     wall_s: float = 0.0
+    ended_unix_s: float | None = None           # when it exited, on the wall clock (metrics)
     returncode: int | None = None
     hung: bool = False
     stderr: str = ""
@@ -164,6 +165,7 @@ def _watch(children: list[Child], timeout_s: float, on_poll) -> None:
             if rc is None:
                 continue
             c.returncode, c.wall_s = rc, time.monotonic() - c.started
+            c.ended_unix_s = time.time()
             c.stderr = _tail(c.log)
             running.remove(c)
         if running:

@@ -7,8 +7,10 @@ from __future__ import annotations
 import socket
 import xml.etree.ElementTree as ET
 
+from coppelius.forensics.summary import host_gaps_us, percentiles
 from coppelius.node.verdicts import ERROR, PASS
 from coppelius.results import telemetry_file
+from coppelius.results.reader import ResultFileError, read
 
 SCHEMA = "coppelius-node/1"           # docs/NODE.md: bump on any incompatible change
 EXIT_PASS, EXIT_FAIL, EXIT_COULD_NOT_RUN = 0, 1, 2
@@ -32,7 +34,9 @@ def node_report(inv, children: list, verdicts: list[dict], telemetry=None) -> di
                      "first_difference": v["first_difference"], "reference": v["reference"],
                      "kernel": v.get("kernel"), "soak": v.get("soak"),
                      "process": {"status": c.status, "returncode": c.returncode,
-                                 "hung": c.hung, "wall_s": round(c.wall_s, 3)},
+                                 "hung": c.hung, "wall_s": round(c.wall_s, 3),
+                                 "ended_unix_s": c.ended_unix_s},
+                     "host_gap_median_us": host_gap_median_us(c.result),
                      "result": str(c.result), "work_directory": str(c.directory),
                      "telemetry": (telemetry.samples.get(t.uuid) or None) if telemetry else None,
                      "telemetry_file": _telemetry_file(c.result)})
@@ -44,6 +48,18 @@ def node_report(inv, children: list, verdicts: list[dict], telemetry=None) -> di
             "telemetry": telemetry.report() if telemetry else {"available": False,
                                                                 "reason": "not sampled"},
             "exit": exit_code(gpus)}
+
+
+def host_gap_median_us(result) -> float | None:
+    """The median host gap of a result file's updates (what `coppelius inspect` shows as p50:
+    the previous issue's fence → the update's issue), or None where the file is unreadable or
+    timed no update."""
+    try:
+        rf = read(result)
+    except ResultFileError:
+        return None
+    p50, _ = percentiles(host_gaps_us(rf)[1])
+    return None if p50 is None else round(p50, 3)
 
 
 def _telemetry_file(result) -> str | None:

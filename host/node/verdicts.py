@@ -58,13 +58,25 @@ def _ended(child) -> dict | None:
 
 def judge(children: list, expect=None) -> list[dict]:
     """One verdict dict per child, in order: verdict, reason, first_difference, reference."""
-    out = [_ended(c) for c in children]
+    return _judge([c.result for c in children], [_ended(c) for c in children], expect)
+
+
+def judge_files(results: list, expect=None) -> list[dict]:
+    """One verdict dict per result file, in order, as `judge` gives them for a node's children:
+    for results a run left elsewhere (the fleet's job array, the Slurm node check), whose
+    processes this one never saw, so a file that is missing or unreadable is a FAIL."""
+    return _judge(list(results), [None] * len(results), expect)
+
+
+def _judge(results: list, out: list, expect) -> list[dict]:
+    """Fill `out` (a verdict already known from how a process ended, else None) by reading and
+    comparing each result file."""
     readable = {}
-    for i, c in enumerate(children):
+    for i, path in enumerate(results):
         if out[i] is not None:
             continue
         try:
-            readable[i] = read(c.result)
+            readable[i] = read(path)
         except ResultFileError as e:
             out[i] = {"verdict": FAIL, "reason": f"its result file is unreadable: {e.message}"}
     if expect is not None:
@@ -72,7 +84,7 @@ def judge(children: list, expect=None) -> list[dict]:
         for i, rf in readable.items():
             out[i] = _against(rf, refs, [str(r.path) for r in refs])
     elif readable:
-        _majority(children, readable, out)
+        _majority(results, readable, out)
     for v in out:
         v.setdefault("first_difference", None)
         v.setdefault("reference", None)
@@ -88,9 +100,9 @@ def _against(rf, refs: list, names: list[str]) -> dict:
             "first_difference": first_difference(reps[0]), "reference": names[0]}
 
 
-def _majority(children, readable: dict, out: list) -> None:
+def _majority(results: list, readable: dict, out: list) -> None:
     order = list(readable)
-    fleet = classify([children[i].result for i in order])
+    fleet = classify([results[i] for i in order])
     sizes = [len(c["members"]) for c in fleet["classes"]]
     top = max(sizes)
     if sizes.count(top) > 1:
@@ -101,6 +113,6 @@ def _majority(children, readable: dict, out: list) -> None:
         return
     winner = fleet["classes"][sizes.index(top)]
     ref_path = winner["members"][0]
-    ref = readable[order[[str(children[i].result) for i in order].index(ref_path)]]
+    ref = readable[order[[str(results[i]) for i in order].index(ref_path)]]
     for i in order:
         out[i] = _against(readable[i], [ref], [f"majority ({top} of {len(order)})"])

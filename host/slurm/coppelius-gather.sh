@@ -7,8 +7,12 @@
 #   coppelius-gather.sh RESULTS_DIR [KNOWN_GOOD.bin]
 #
 # Writes RESULTS_DIR/classes.json (coppelius diff --json) and, with KNOWN_GOOD,
-# RESULTS_DIR/verdicts.txt (one line per node).  Exit 0 one class (and every node PASS), 1 more
-# than one class (or a FAIL), 2 nothing to compare or an unreadable file.
+# RESULTS_DIR/verdicts.txt (one line per node).  With COPPELIUS_METRICS set, also the sweep's
+# verdicts as Prometheus metrics in that one file (`coppelius metrics`: each node's GPU labelled
+# with the node's name; against KNOWN_GOOD, else the majority), e.g. in node exporter's textfile
+# directory of the host that runs the gather; one that cannot be written is a log line, never a
+# change of the exit status.  Exit 0 one class (and every node PASS), 1 more than one class (or a
+# FAIL), 2 nothing to compare or an unreadable file.
 set -uo pipefail
 results=${1:?usage: coppelius-gather.sh RESULTS_DIR [KNOWN_GOOD.bin]}
 expect=${2:-}
@@ -32,5 +36,9 @@ if [ -n "$expect" ]; then
     fi
     echo "$line" | tee -a "$results/verdicts.txt"
   done
+fi
+if [ -n "${COPPELIUS_METRICS:-}" ]; then
+  "${coppelius[@]}" metrics ${expect:+--expect "$expect"} -o "$COPPELIUS_METRICS" "${files[@]}" \
+    || echo "coppelius-gather: metrics not written (the verdicts stand)"
 fi
 exit $rc

@@ -14,6 +14,10 @@
 #     COPPELIUS         the command (default `coppelius`)
 #     COPPELIUS_GPUS    the GPU ordinals to check (default: every ordinal CUDA_VISIBLE_DEVICES
 #                       or SLURM_JOB_GPUS names, else 0)
+#     COPPELIUS_METRICS also write the verdicts as Prometheus metrics there (`coppelius metrics`;
+#                       e.g. /var/lib/prometheus/node-exporter/coppelius.prom, node exporter's
+#                       textfile directory); one that cannot be written is a log line, never a
+#                       change of the exit status
 set -uo pipefail
 conf=${COPPELIUS_NODE_CHECK_CONF:-/etc/default/coppelius-node-check}
 # shellcheck disable=SC1090
@@ -32,8 +36,10 @@ read -r -a gpus <<< "${COPPELIUS_GPUS:-$(seq -s ' ' 0 $((count - 1)))}"
 work=$(mktemp -d "${TMPDIR:-/tmp}/coppelius-check.XXXXXX") || { say "could not run: no scratch"; exit 2; }
 trap 'rm -rf "$work"' EXIT
 rc=0
+checked=()
 for gpu in "${gpus[@]}"; do
   result="$work/gpu$gpu.bin"
+  checked+=(--gpu "$gpu" "$result")
   if ! "${coppelius[@]}" run --quiet --device "$gpu" --directory "$work/run$gpu" \
       --result "$result" "${args[@]}" > "$work/run$gpu.log" 2>&1; then
     say "GPU $gpu FAIL: the run failed: $(tail -n 1 "$work/run$gpu.log")"; rc=1; continue
@@ -45,4 +51,12 @@ for gpu in "${gpus[@]}"; do
     rc=1
   fi
 done
+if [ -n "${COPPELIUS_METRICS:-}" ]; then
+  if out=$("${coppelius[@]}" metrics --host "$node" --expect "$expect" \
+      -o "$COPPELIUS_METRICS" "${checked[@]}" 2>&1); then
+    say "$out"
+  else
+    say "metrics not written (the verdicts stand): $(tail -n 1 <<< "$out")"
+  fi
+fi
 exit $rc

@@ -12,16 +12,16 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import time
 from pathlib import Path
 
+from tests.support import daemons
+
 DAEMONS = ("slurmctld", "slurmd")
 CLIENTS = ("sbatch", "squeue", "sinfo", "scontrol", "sacct")
 UP_TIMEOUT_S = 30           # the daemons are up and every node idle in about a second here
-STOP_TIMEOUT_S = 10         # SIGTERM, then SIGKILL after this long
 POLL_S = 0.1
 LOOPBACK = "127.0.0.1"
 
@@ -188,24 +188,11 @@ PartitionName=test Nodes={','.join(self.names)} Default=YES MaxTime=INFINITE Sta
                            f"{self.run('squeue', check=False).stdout}\n{self.logs()}")
 
     def logs(self, tail: int = 40) -> str:
-        out = []
-        for p in sorted((self.dir / "log").glob("*")):
-            lines = p.read_text(errors="replace").splitlines()[-tail:]
-            out.append(f"--- {p.name}\n" + "\n".join(lines))
-        return "\n".join(out)
+        return daemons.log_tails((self.dir / "log").glob("*"), tail)
 
     def stop(self) -> None:
         """Every daemon this cluster started, by PID: SIGTERM, then SIGKILL; reaped."""
-        for p in self.procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-        deadline = time.monotonic() + STOP_TIMEOUT_S
-        for p in self.procs:
-            try:
-                p.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+        daemons.stop(self.procs)
 
 
 def alive(pid: int) -> bool:

@@ -1,7 +1,9 @@
 """The fleet path on a real Slurm: three nodes on this host (one slurmd each, a fake GPU each), the
 shipped job array running `coppelius run` on the cuda backend over the C stub driver (each node's
 stub GPU its own UUID, one made faulty through the stub's test hook), the shipped gather step's
-classes and verdicts, and the shipped node check as a Prolog that drains the faulty node.
+classes, verdicts and Prometheus metrics, and the shipped node check as a Prolog that drains the
+faulty node and writes each node's metrics.  The metrics are read with prometheus-client's own
+parser.
 
 The scripts run are the files the package ships (coppelius.slurm.path), never copies; the test's
 only additions are cluster configuration: a TaskProlog that gives each node's tasks its stub GPU
@@ -20,6 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from coppelius import forensics
 from coppelius.slurm import path as script
@@ -59,6 +62,19 @@ def _job_env(stub: Path, log: Path) -> dict:
             "COPPELIUS": COPPELIUS}
 
 
+def _verdicts(metrics: Path) -> dict[tuple[str, str, str], str]:
+    """(Hostname, index, UUID) → the verdict whose series is 1, from a metrics file."""
+    out = {}
+    for family in text_string_to_metric_families(metrics.read_text()):
+        if family.name == "coppelius_gpu_verdict":
+            for s in family.samples:
+                if s.value == 1:
+                    key = (s.labels["Hostname"], s.labels["index"], s.labels["UUID"])
+                    assert key not in out, s
+                    out[key] = s.labels["verdict"]
+    return out
+
+
 def _node_gpu(node: str) -> int:
     """The physical stub GPU node nK holds: K - 1."""
     return int(node[1:]) - 1
@@ -72,6 +88,11 @@ def _node_env_lines(prefix: str) -> str:
     return (f'{prefix}{STUB_NODE_ENV}=$((${{SLURMD_NODENAME#n}} - 1)){end}\n'
             f'if [ "$SLURMD_NODENAME" = {FAULTY} ]; then '
             f'{prefix}{STUB_FAULT_ENV}={_node_gpu(FAULTY)}{end}; fi\n')
+
+
+def _stub_uuid(node: str) -> str:
+    """The UUID of node's stub GPU (stub_cuda/devices.c: "coppelius-gp" + its index)."""
+    return f"GPU-636f7070-656c-6975-732d-6770{_node_gpu(node):08x}"
 
 
 def _task_prolog(where: Path) -> Path:
@@ -117,8 +138,10 @@ def test_the_job_array_the_gather_and_the_prolog_on_three_nodes(stub, tmp_path):
     uuids = {p.stem: forensics.read_result(p).records["status"]["gpu_uuid"]
              for p in results.glob("*.bin")}
     assert len(set(uuids.values())) == NODES, uuids          # each node its own GPU
+    metrics = tmp_path / "fleet.prom"
     gather = subprocess.run(["bash", str(script("gather")), str(results), str(expect)],
-                            env={**os.environ, "COPPELIUS": COPPELIUS}, capture_output=True,
+                            env={**os.environ, "COPPELIUS": COPPELIUS,
+                                 "COPPELIUS_METRICS": str(metrics)}, capture_output=True,
                             text=True, timeout=120)
     print(gather.stdout, gather.stderr)
     assert gather.returncode == 1, gather.stdout + gather.stderr
@@ -130,6 +153,9 @@ def test_the_job_array_the_gather_and_the_prolog_on_three_nodes(stub, tmp_path):
     assert {n: v.split(":")[0] for n, v in verdicts.items()} == {
         n: "FAIL" if n == FAULTY else "PASS" for n in cluster.names}, verdicts
     assert "first difference" in verdicts[FAULTY], verdicts
+    # the sweep's metrics: each node's GPU under the node's name and its own UUID
+    assert _verdicts(metrics) == {(n, "", _stub_uuid(n)): "FAIL" if n == FAULTY else "PASS"
+                                  for n in cluster.names}, metrics.read_text()
 
 
 def _prolog(where: Path, stub: Path, expect: Path) -> Path:
@@ -142,6 +168,7 @@ def _prolog(where: Path, stub: Path, expect: Path) -> Path:
                  f"export COPPELIUS_ARGS={shlex.quote(' '.join(RUN_ARGS))}\n"
                  f"export LD_LIBRARY_PATH={shlex.quote(str(stub))}\n"
                  f"export COPPELIUS_NODE_CHECK_CONF=/nonexistent\n"
+                 f"export COPPELIUS_METRICS={where}/metrics/$SLURMD_NODENAME.prom\n"
                  + _node_env_lines("export ") +
                  f"bash {shlex.quote(str(script('node-check')))} >> {where}/node-check.log 2>&1\n")
     p.chmod(0o755)
@@ -150,6 +177,7 @@ def _prolog(where: Path, stub: Path, expect: Path) -> Path:
 
 def test_the_node_check_as_a_prolog_drains_the_faulty_node(stub, tmp_path):
     (tmp_path / "known-good").mkdir()
+    (tmp_path / "metrics").mkdir()
     expect = _known_good(stub, tmp_path)
     extra = (f"Prolog={_prolog(tmp_path, stub, expect)}",)
     with Cluster(tmp_path / "slurm", NODES, extra) as cluster:
@@ -178,3 +206,7 @@ def test_the_node_check_as_a_prolog_drains_the_faulty_node(stub, tmp_path):
         assert f"node {FAULTY} GPU 0 FAIL: first difference" in check, check
         assert all(f"node {n} GPU 0 PASS" in check for n in healthy), check
     assert not [p for p in pids if alive(p)], "a Slurm daemon outlived the cluster"
+    # each node's metrics, where its node exporter's textfile collector would read them
+    for n in cluster.names:
+        assert _verdicts(tmp_path / "metrics" / f"{n}.prom") == {
+            (n, "0", _stub_uuid(n)): "FAIL" if n == FAULTY else "PASS"}, n
