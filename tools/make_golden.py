@@ -24,8 +24,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tools.blas_pin import pin
-
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN_DIR = ROOT / "tests" / "golden"
 GOLDEN = GOLDEN_DIR / "tiny-result-c0.bin"     # the embedded default's name: <profile>-result-c<c0>
@@ -69,7 +67,6 @@ def main(argv=None) -> int:
     ap.add_argument("--check", action="store_true",
                     help="compare a fresh run with the committed golden; write nothing")
     a = ap.parse_args(argv)
-    pin()                   # the golden's sgemm family, for the run's subprocess
     with tempfile.TemporaryDirectory(prefix="coppelius-golden-") as tmp:
         fresh = run_default(Path(tmp))
         pairs = ((GOLDEN, fresh[0], "diff"), (GOLDEN_DIGESTS, fresh[1], "bisect"))

@@ -10,6 +10,7 @@ from fractions import Fraction
 import numpy as np
 
 from coppelius.plan.profiles import INIT_STD
+from coppelius.plan.reference.elementary import cos, log     # the project's, not numpy's
 from coppelius.plan.reference.numerics import F32
 
 WORDS_PER_VALUE = 2             # Box–Muller draws one normal from two raw 64-bit words
@@ -27,11 +28,16 @@ def unflatten(profile, plane: np.ndarray) -> dict[str, np.ndarray]:
 
 
 def _normals(words: np.ndarray) -> np.ndarray:
-    """Raw words (2n,) uint64 → (n,) float32 = fp32(0.02 · sqrt(-2 ln u1) · cos(2π u2)), float64 inside."""
+    """Raw words (2n,) uint64 → (n,) float32 = fp32(0.02 · sqrt(-2 ln u1) · cos(2π u2)), float64 inside.
+
+    ln and cos are the project's (plan/reference/elementary.py), not numpy's, whose float64 log
+    and cos take another path on an AVX-512 CPU: the first parameters of every backend must not
+    depend on the machine that drew them (the same bits as numpy's on this AVX2 machine for all
+    57,705,472 of the production profile)."""
     a, b = words[0::2], words[1::2]
     u1 = ((a >> np.uint64(_MANTISSA_SHIFT)) + np.uint64(1)).astype(np.float64) * _TWO_POW_M53
     u2 = (b >> np.uint64(_MANTISSA_SHIFT)).astype(np.float64) * _TWO_POW_M53
-    z = np.sqrt(-2.0 * np.log(u1)) * np.cos((2.0 * math.pi) * u2)
+    z = np.sqrt(-2.0 * log(u1)) * cos((2.0 * math.pi) * u2)
     return (INIT_STD * z).astype(F32)
 
 

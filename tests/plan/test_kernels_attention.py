@@ -35,6 +35,7 @@ import torch
 from coppelius.plan.launches import builders as launch_builders
 from coppelius.plan import profiles
 from coppelius.plan import reference as ref
+from coppelius.plan.reference import elementary
 from coppelius.plan.attention_split import AttentionSplit
 from coppelius.plan.ints import cdiv
 from coppelius.plan.kernels.attention import attention_bwd, attention_bwd_dq, attention_fwd
@@ -92,7 +93,9 @@ def run_forward(qkv16, T, H, G, d, bm, fwd_n):
 def _online_oracle(q, k, v, T, H, G, d, bm, fwd_n):
     """The kernel's recurrence in numpy, fp32: per (query block, head) the key blocks in order,
     s = bf(q)·bf(k)ᵀ·scale, running max m, p = exp(s − m), l = l·α + Σ p, acc = acc·α + bf(p)·bf(v);
-    then o = acc / l, lse = m + log l.  → o (T, H·d), lse (H, T)"""
+    then o = acc / l, lse = m + log l.  → o (T, H·d), lse (H, T).  exp and log are the kernel's
+    (the project's, as the interpreter evaluates them): p is rounded to bf16, which turns an ulp
+    of exp near a bf16 midpoint into 2⁻⁸ of p, far beyond SAME_OPERANDS."""
     scale = ref.attention_scale(d)
     o, lse = np.empty((T, H * d), np.float32), np.empty((H, T), np.float32)
     for h in range(H):
@@ -107,13 +110,13 @@ def _online_oracle(q, k, v, T, H, G, d, bm, fwd_n):
                 s = (ref.bf16(q[rows, hd]) @ ref.bf16(k[cols, kd]).T) * scale
                 s[np.arange(rows.start, rows.stop)[:, None] < np.arange(cols.start, cols.stop)] = -np.inf
                 m_new = np.maximum(mi, s.max(1))
-                alpha = np.exp(mi - m_new)
-                p = np.exp(s - m_new[:, None])
+                alpha = elementary.exp(mi - m_new)
+                p = elementary.exp(s - m_new[:, None])
                 li = li * alpha + p.sum(1, dtype=np.float32)
                 acc = acc * alpha[:, None] + ref.bf16(p) @ ref.bf16(v[cols, kd])
                 mi = m_new
             o[rows, hd] = acc / li[:, None]
-            lse[h, rows] = mi + np.log(li)
+            lse[h, rows] = mi + elementary.log(li)
     return o, lse
 
 

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 from hypothesis import given, settings, strategies as st
 
-import coppelius.backends.interpret  # noqa: F401  (sets TRITON_INTERPRET=1 and installs the changes)
+import coppelius.backends.interpret  # noqa: F401  (TRITON_INTERPRET=1 and the repairs)
 from coppelius.backends.interpreter_repairs import folded_sum, ordered_dot
 from coppelius.plan.reference import elementary
 from coppelius.plan.reference.numerics import bf16
@@ -70,7 +70,7 @@ def scalar_dot(a, b, acc):
 
 
 def scalar_fold(v):
-    """The halving sum of a vector, written as recursion: fold(x) = fold(x[:h] + x[h:2h] ++ rest)."""
+    """The halving sum of a vector: fold(x) = fold(x[:h] + x[h:2h] ++ rest), to one element."""
     v = list(v)
     while len(v) > 1:
         h = len(v) // 2
@@ -92,7 +92,8 @@ def test_ordered_dot_is_the_k_ordered_scalar_sum(m, k, n):
     acc.flat[0] = -0.0
     got, want = ordered_dot(a, b, acc), scalar_dot(a, b, acc)
     bad = np.flatnonzero(got.view(np.uint32) != want.view(np.uint32))
-    assert bad.size == 0, f"{bad.size} differ; first [{bad[0]}]: {got.flat[bad[0]]!r} != {want.flat[bad[0]]!r}"
+    assert bad.size == 0, (f"{bad.size} differ; first [{bad[0]}]: {got.flat[bad[0]]!r} != "
+                           f"{want.flat[bad[0]]!r}")
 
 
 @settings(max_examples=40, deadline=None)
@@ -169,9 +170,9 @@ def test_the_interpreter_computes_with_the_repairs_and_never_with_numpy_s_own(mo
         raise AssertionError("numpy's own arithmetic ran inside a launch")
     for name in ("matmul", "dot", "einsum", "exp", "exp2", "log", "log2", "sin", "cos"):
         monkeypatch.setattr(np, name, forbidden)
-    _arithmetic[(1,)](torch.from_numpy(a).to(torch.bfloat16), torch.from_numpy(b).to(torch.bfloat16),
-                      torch.from_numpy(x), outs["dot"], outs["sum"], outs["fn"], outs["f64"],
-                      M=M, K=K, N=N)
+    a16, b16 = (torch.from_numpy(v).to(torch.bfloat16) for v in (a, b))
+    _arithmetic[(1,)](a16, b16, torch.from_numpy(x), outs["dot"], outs["sum"], outs["fn"],
+                      outs["f64"], M=M, K=K, N=N)
     monkeypatch.undo()
     want = {"dot": ordered_dot(a, b, np.full((M, N), 0.5, F32)),
             "sum": folded_sum(x, 1, keepdims=False),
@@ -215,7 +216,8 @@ def test_every_tl_function_a_kernel_calls_is_accounted_for():
     unknown = {}
     for path in sorted((ROOT / "plan" / "kernels").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Attribute) and isinstance(node.value, (ast.Name, ast.Attribute)):
+            if isinstance(node, ast.Attribute) and isinstance(node.value,
+                                                              (ast.Name, ast.Attribute)):
                 chain = ast.unparse(node)
                 if re.fullmatch(r"tl(\.math)?\.\w+", chain) and node.attr not in known:
                     unknown.setdefault(node.attr, path.name)

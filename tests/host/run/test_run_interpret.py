@@ -4,7 +4,11 @@ One module-scoped complete run is shared by several checks (the interpreter is s
 the committed golden (tests/golden/, made by another process) must be bit-identical to it
 (`coppelius diff`), and an interrupted run continued by a fresh process in another directory must
 reproduce its loss windows and its final checkpoint byte for byte — a second run compared with the
-first.  (Two complete runs side by side, diffed, are the device check's tiny phase, which
+first.  The two run as two different CPUs would (tests/support/cpu_environments.py): the complete
+run as the oldest this machine can emulate (OpenBLAS's oldest kernel family, one thread, numpy's
+SIMD dispatch off), the interrupted and continued ones as the newest (its newest family, four
+threads): the golden holds on both, the matrix's two ends (the whole matrix:
+tests/host/run/test_cpu_independence.py).  (Two complete runs side by side, diffed, are the device check's tiny phase, which
 tests/tools/test_gpu_check.py runs dry: 149 s here were a third copy of the same run.)
 """
 import os
@@ -20,14 +24,16 @@ import pytest
 from coppelius.plan import profiles
 from coppelius.staging import layout as L
 from coppelius.staging import result_sections as RS
+from tests.support import cpu_environments as cpu
 from tests.support.paths import GOLDEN
 
 TINY = profiles.get("tiny")
+OLDEST, NEWEST = cpu.environ(cpu.oldest()), cpu.environ(cpu.newest())
 
 
-def cli(*args, cwd=None, timeout=900):
+def cli(*args, cwd=None, timeout=900, env=None):
     return subprocess.run([sys.executable, "-m", "coppelius.cli", *map(str, args)], capture_output=True,
-                          text=True, cwd=cwd, timeout=timeout)
+                          text=True, cwd=cwd, timeout=timeout, env=env)
 
 
 def run_args(d: Path, *extra):
@@ -41,7 +47,7 @@ def complete(tmp_path_factory):
     d = tmp_path_factory.mktemp("complete")
     (d / "tiny.ckpt").write_bytes(b"")
     t = time.monotonic()
-    r = cli(*run_args(d))
+    r = cli(*run_args(d), env=OLDEST)
     wall = time.monotonic() - t
     assert r.returncode == 0, r.stderr[-3000:]
     print(f"\ncomplete tiny interpret run: {wall:.1f} s")
@@ -63,7 +69,8 @@ def test_complete_run_size_and_verify(complete):
 def test_the_complete_run_reproduces_the_golden(complete):
     """tests/golden/tiny-result-c0.bin (tools/make_golden.py) bit for bit, time and environment
     fields apart: the interpret backend's regression golden, which the device check also holds a
-    cuda tiny run against (`diff --across-backends`)."""
+    cuda tiny run against (`diff --across-backends`).  The run computed as the oldest CPU this
+    machine emulates (the golden was made with none of that set)."""
     d, _ = complete
     golden = GOLDEN / "tiny-result-c0.bin"
     r = cli("diff", golden, d / "result.bin")
@@ -81,7 +88,7 @@ def test_sigterm_then_continue_reproduces_the_overlap(complete, tmp_path):
     p = subprocess.Popen([sys.executable, "-m", "coppelius.cli", "run", "--profile", "tiny",
                           "--backend", "interpret", "--directory", tmp_path / "run",
                           "--checkpoint", ckpt, "--result", first],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=NEWEST)
     # wait until two step windows have reached the result file, then interrupt
     fwd = L.record_forward_bytes(TINY)
     deadline = time.monotonic() + 600
@@ -100,7 +107,8 @@ def test_sigterm_then_continue_reproduces_the_overlap(complete, tmp_path):
     # a fresh process continues from the published checkpoint
     second = tmp_path / "second.bin"
     r = cli("run", "--profile", "tiny", "--backend", "interpret", "--quiet", "--directory",
-            tmp_path / "run", "--checkpoint", ckpt, "--result", second, "--steps", TINY.steps - k)
+            tmp_path / "run", "--checkpoint", ckpt, "--result", second, "--steps", TINY.steps - k,
+            env=NEWEST)
     assert r.returncode == 0, r.stderr[-3000:]
     ref = read(d / "result.bin")
     cont = read(second)

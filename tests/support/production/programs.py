@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 
-import coppelius.backends.interpret as backend_interpret
+import coppelius.backends.interpret  # noqa: F401  (TRITON_INTERPRET=1 and the repaired interpreter)
 import numpy as np
 from triton.runtime import interpreter as _interp
 
@@ -61,9 +61,7 @@ def run_programs(fn, grid, pids, args, constexprs, num_warps: int = 4, num_stage
         if not all(0 <= v < g for v, g in zip(p, grid)):
             raise ValueError(f"program {p} outside grid {grid}")
     ran: list = []
-    # one BLAS thread: interpreter tiles are small (the backend's measurement); speed only
-    blas = getattr(backend_interpret, "single_thread_blas", contextlib.nullcontext)
-    with blas(), _chosen_programs(grid, chosen, ran):
+    with _chosen_programs(grid, chosen, ran):
         fn[(len(chosen),)](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)
     if ran != chosen:
         raise RuntimeError(f"the interpreter ran programs {ran[:8]}, asked for {chosen[:8]}")
