@@ -5,9 +5,11 @@ PYTHONPATH); only tests and tools import them, never host/, plan/ or staging/.
                     --report: the cost model of the update)
   cost/             the H200 cost model of a launch list (python -m tools.cost)
   gpu_check/        the device check (bash tools/gpu_check.sh, i.e. python -m tools.gpu_check)
-  fake_driver       a CPU stand-in for cuda.bindings.driver (the tests' and the dry run's)
+  fake_driver       a CPU stand-in for cuda.bindings.driver (the tests' and the dry run's);
+                    fake_graphs its launches, captures and graph launches
+  cpu_cuda/         a cuda run computed on the CPU: the CPU drivers' kernel executor
+                    (python -m tools.cpu_cuda run --profile tiny --backend cuda ...)
   make_golden       tests/golden/ from the interpret backend (--check: reproduced bit for bit)
-  blas_pin          the OpenBLAS kernel family the golden was made with
   bench_torch       Coppelius beside the same model and learner in PyTorch
   bench_checkpoint  checkpoint publish and load against dd + sha256sum
   proxy_train       a PyTorch proxy of the model trained on the embedded stream

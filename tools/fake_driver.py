@@ -1,11 +1,20 @@
 """A stand-in for `cuda.bindings.driver` that runs on the CPU, for testing the cuda backend's logic.
 
-Device memory is host memory, copies real; mapped staging is seen at its host address plus
+Its launches, stream capture and graph launches are tools/fake_graphs.py's.  Device memory is
+host memory, copies real; mapped staging is seen at its host address plus
 DEVICE_ALIAS, so a wrong pointer is caught.  Launches are recorded; a graph launch replays them,
-executing only the hand-written kernels: release (doorbell → semaphore record) and release_stage_in
+executing the hand-written kernels: release (doorbell → semaphore record) and release_stage_in
 (the input record and doorbell into device memory, then the pre-launch record), all the run loop
 needs to observe fences, and the device check's calibration kernels (emulated:
-tools/gpu_check/fake_calibration.py).  Every call returns `(CUresult, *values)` like the bindings.
+tools/gpu_check/fake_calibration.py).  With `execute=True` it also runs every Triton launch it
+receives (tools/cpu_cuda/executor.py: the committed manifest entry of the loaded PTX, the
+launch's own grid and parameter values, copied at the launch or capture as the driver copies
+them, on this driver's memory), with the executor's checks (`divisible_by_16`, memcheck) failing
+a launch as a device would (a sticky error); without, those launches are recorded, not run, and
+nothing imports Triton (the device check's `--no-triton` steps).  `order` picks the topological
+order of the captured edges a graph launch runs its nodes in: "capture" (capture order),
+"earliest" (a side stream's ready node before the origin stream's), "latest" (the reverse), or
+"random:SEED".  Every call returns `(CUresult, *values)` like the bindings.
 Modules load through cuModuleLoadDataEx, JIT logs into the caller's buffers; opt-in shared memory,
 function attributes, JIT refusals and a hung stream are configurable.  Timing events record the
 host clock when the (synchronous) fake stream reaches them, or an emulated kernel's end.  Stream
@@ -20,11 +29,9 @@ from __future__ import annotations
 import ctypes
 import enum
 import re
-import time
-from dataclasses import dataclass, field
 from types import SimpleNamespace
 
-from coppelius.staging import layout as L
+from tools.fake_graphs import ORDERS, Capture, Function, Graphs
 from tools.gpu_check.fake_calibration import DEVICE_ATTRIBUTES, FUNCTION_ATTRIBUTES, FakeCalibration
 
 DEVICE_ALIAS = 0x7000_0000_0000        # mapped memory's device address = host address + this
@@ -38,6 +45,8 @@ class CUresult(enum.IntEnum):
     CUDA_ERROR_NOT_FOUND = 500
     CUDA_ERROR_NOT_READY = 600
     CUDA_ERROR_ILLEGAL_ADDRESS = 700
+    CUDA_ERROR_MISALIGNED_ADDRESS = 716
+    CUDA_ERROR_LAUNCH_FAILED = 719
     CUDA_ERROR_STREAM_CAPTURE_UNJOINED = 904
 
 
@@ -45,42 +54,6 @@ OK = CUresult.CUDA_SUCCESS
 # opt-in shared memory per block by compute capability (CUDA programming guide, bytes)
 SHARED_OPTIN = {(8, 0): 166912, (8, 6): 101376, (8, 9): 101376, (9, 0): 232448, (12, 0): 101376}
 DEFAULT_FUNCTION = {"regs": 32, "local": 0, "static_shared": 0, "max_threads": 1024}
-
-
-@dataclass
-class Node:
-    """One captured operation: what it runs, the nodes it waits for, the stream it was captured
-    on, and for a kernel its launch_log record."""
-    run: object
-    deps: frozenset
-    stream: int
-    launch: tuple | None = None
-    programmatic: bool = False     # its edge to its stream's previous node is programmatic
-    priority: int = 0              # a kernel's: its stream's, copied at capture as the driver does
-
-
-@dataclass
-class Capture:
-    """A stream capture in progress: the nodes so far, each capturing stream's frontier (the
-    nodes its next operation waits for), and the frontier each recorded event holds."""
-    origin: int
-    nodes: list = field(default_factory=list)
-    frontier: dict = field(default_factory=dict)
-    events: dict = field(default_factory=dict)
-
-    def add(self, stream, run, launch=None, programmatic=False, priority=0) -> None:
-        self.nodes.append(Node(run, frozenset(self.frontier[stream]), stream, launch,
-                               programmatic, priority))
-        self.frontier[stream] = frozenset({len(self.nodes) - 1})
-
-    def ancestors(self, nodes) -> set:
-        seen, todo = set(), list(nodes)
-        while todo:
-            n = todo.pop()
-            if n not in seen:
-                seen.add(n)
-                todo += self.nodes[n].deps
-        return seen
 
 
 class _Device:
@@ -150,12 +123,26 @@ class _Device:
         buf = (ctypes.c_char * (n + 4096))()
         ptr = (ctypes.addressof(buf) + 4095) // 4096 * 4096
         self.host[ptr] = buf
+        self.host_sizes[ptr] = n
         return (OK, ptr)
 
     def cuMemHostGetDevicePointer(self, p, flags): return (OK, int(p) + DEVICE_ALIAS)
     def cuMemFreeHost(self, p):
         self.host.pop(int(p), None)
+        self.host_sizes.pop(int(p), None)
         return (OK,)
+
+    def region(self, device_ptr: int):
+        """The live allocation or mapped range holding a device address (the executor's
+        Memory), or None."""
+        from tools.cpu_cuda.executor import Region
+        for base, buf in self.allocations.items():
+            if base <= device_ptr < base + ctypes.sizeof(buf):
+                return Region(base, ctypes.sizeof(buf), base)
+        for base, n in self.host_sizes.items():
+            if base + DEVICE_ALIAS <= device_ptr < base + DEVICE_ALIAS + n:
+                return Region(base + DEVICE_ALIAS, n, base)
+        return None
 
     def to_host(self, device_ptr: int) -> int:
         """A device address as the host address holding those bytes."""
@@ -219,6 +206,8 @@ class _Modules:
         self._jit_log(opts, "info", "\n".join(info), OK)
         handle = len(self.modules) + 1
         self.modules[handle] = entries
+        if self.executor is not None:
+            self.executor.module_loaded(handle, text.encode("ascii"))
         return (OK, handle)
 
     @staticmethod
@@ -232,7 +221,7 @@ class _Modules:
         name = name.decode()
         if name not in self.modules[module]:
             return (CUresult.CUDA_ERROR_NOT_FOUND, None)
-        return (OK, name)
+        return (OK, Function(name, module))
 
     def cuFuncGetAttribute(self, attr, f):
         return (OK, {**DEFAULT_FUNCTION, **self.functions.get(f, {})}[attr])
@@ -278,110 +267,10 @@ class _Modules:
         return (OK,)
 
 
-class _Graphs:
-    """Launches, stream capture into graphs, and graph launches (a graph runs its nodes in
-    capture order; only the hand-written release kernels compute anything)."""
-
-    # ---- launches and graphs
-    def cuLaunchKernelEx(self, config, f, params, extra):
-        """cuLaunchKernelEx with the one attribute the backend sets: programmatic stream
-        serialization (sm_90 and later, as the driver has it)."""
-        attrs = list(config.attrs)[:config.numAttrs]
-        pss = self.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-        if len(attrs) != config.numAttrs or any(a.id != pss for a in attrs):
-            return (CUresult.CUDA_ERROR_INVALID_VALUE,)
-        programmatic = any(a.value.programmaticStreamSerializationAllowed for a in attrs)
-        if programmatic and self.cc < (9, 0):
-            return (CUresult.CUDA_ERROR_INVALID_VALUE,)
-        if programmatic and self.refuse_programmatic is not None:
-            return (self.refuse_programmatic,)
-        return self.cuLaunchKernel(f, config.gridDimX, config.gridDimY, config.gridDimZ,
-                                   config.blockDimX, config.blockDimY, config.blockDimZ,
-                                   config.sharedMemBytes, config.hStream, params, extra,
-                                   programmatic=programmatic)
-
-    def cuLaunchKernel(self, f, gx, gy, gz, bx, by, bz, shared, stream, params, extra,
-                       programmatic=False):
-        # the backend keeps its packed parameters alive as long as its graphs: decode them later
-        record = (f, (gx, gy, gz), (bx, by, bz), shared, int(params))
-        self.launch_log.append(record)
-        self.programmatic_log.append(programmatic)
-
-        def run():
-            if f in ("release", "release_stage_in"):
-                n = 4 if f == "release_stage_in" else 2
-                ptrs = (ctypes.c_void_p * n).from_address(record[4])
-                doorbell, slot = (ctypes.c_uint64.from_address(ptrs[i]).value for i in range(2))
-                seq = ctypes.c_uint32.from_address(self.to_host(doorbell)).value
-                if f == "release_stage_in":           # 8 KiB record, then the doorbell
-                    src, dst = (ctypes.c_uint64.from_address(ptrs[i]).value for i in (2, 3))
-                    ctypes.memmove(self.to_host(dst), self.to_host(src), L.INPUT_RECORD_BYTES)
-                    doorbell_copy = self.to_host(dst) + L.INPUT_RECORD_BYTES
-                    ctypes.c_uint32.from_address(doorbell_copy).value = seq
-                base = self.to_host(slot)
-                ctypes.c_uint64.from_address(base + 8).value = time.time_ns()
-                ctypes.c_uint32.from_address(base + 4).value = 0
-                ctypes.c_uint32.from_address(base).value = seq
-        return self._op(run, stream, record, programmatic)
-
-    def cuStreamBeginCapture(self, stream, mode):
-        self.capturing = Capture(stream, frontier={stream: frozenset()})
-        return (OK,)
-
-    def cuStreamEndCapture(self, stream):
-        c, self.capturing = self.capturing, None
-        if c is None or stream != c.origin:
-            return (CUresult.CUDA_ERROR_INVALID_VALUE, None)
-        joined = c.ancestors(c.frontier[stream])
-        if any(not set(f) <= joined for s, f in c.frontier.items() if s != stream):
-            return (CUresult.CUDA_ERROR_STREAM_CAPTURE_UNJOINED, None)
-        handle = len(self.graphs) + 1
-        self.graphs[handle] = c.nodes
-        self.live_graphs.add(handle)
-        return (OK, handle)
-
-    def cuGraphInstantiate(self, graph, flags):
-        if graph not in self.live_graphs:
-            return (CUresult.CUDA_ERROR_INVALID_HANDLE, None)
-        self.live_execs.add(("exec", graph))
-        self.instantiate_flags[graph] = int(flags)
-        return (OK, ("exec", graph))
-
-    def cuGraphGetNodes(self, graph, n):        # a node: (graph, index); n = 0 asks the count
-        nodes = [(graph, k) for k in range(len(self.graphs[graph]))]
-        return (OK, nodes[:n], min(n, len(nodes)) if n else len(nodes))
-    def cuGraphNodeGetType(self, node):         # 0: kernel, 1: memcpy (every other operation)
-        return (OK, 0 if self.graphs[node[0]][node[1]].launch is not None else 1)
-    def cuGraphKernelNodeGetAttribute(self, node, attr):
-        return (OK, SimpleNamespace(priority=self.graphs[node[0]][node[1]].priority))
-
-    def cuGraphLaunch(self, exec_, stream):
-        if self.hang:
-            self.busy = True            # never finishes: no release reaches the semaphores
-            return (OK,)
-        if self.fail_graph_launch is not None:
-            self.sticky_error = self.fail_graph_launch
-            return (OK,)                # the fault shows up later, as on a real device
-        for node in self.graphs[exec_[1]]:
-            node.run()
-        return (OK,)
-
-    def cuGraphExecDestroy(self, e):
-        if e not in self.live_execs:
-            return (CUresult.CUDA_ERROR_INVALID_HANDLE,)
-        self.live_execs.discard(e)
-        return (OK,)
-
-    def cuGraphDestroy(self, g):
-        if g not in self.live_graphs:
-            return (CUresult.CUDA_ERROR_INVALID_HANDLE,)
-        self.live_graphs.discard(g)
-        return (OK,)
-
-
-class FakeDriver(FakeCalibration, _Graphs, _Modules, _Device):
+class FakeDriver(FakeCalibration, Graphs, _Modules, _Device):
     """The bindings' names the backend reads; the fake device's state and options (__init__)."""
     CUresult = CUresult
+    OK = OK
     CU_MEMHOSTALLOC_PORTABLE = 1
     CU_MEMHOSTALLOC_DEVICEMAP = 2
     CUdevice_attribute = SimpleNamespace(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR="major",
@@ -416,12 +305,15 @@ class FakeDriver(FakeCalibration, _Graphs, _Modules, _Device):
     def __init__(self, cc=(9, 0), fail_graph_launch: CUresult | None = None,
                  shared_optin: int | None = None, jit_errors: dict | None = None,
                  functions: dict | None = None, hang: bool = False,
-                 refuse_programmatic: CUresult | None = None, priority_range=(0, -5)):
+                 refuse_programmatic: CUresult | None = None, priority_range=(0, -5),
+                 execute: bool = False, order: str = "capture", executor=None):
         """`jit_errors`: entry name -> error log of a module the JIT refuses; `functions`: entry
         name -> attribute overrides ({"regs", "local", "static_shared", "max_threads",
         "spill"}); `hang`: graph launches never finish (the stream stays busy);
         `refuse_programmatic`: cuLaunchKernelEx with programmatic serialization returns it;
-        `priority_range`: (least, greatest) stream priority ((0, 0): a device without)."""
+        `priority_range`: (least, greatest) stream priority ((0, 0): a device without);
+        `execute`: run every Triton launch (tools/cpu_cuda/executor.py; imports Triton), or hand
+        in an `executor` made elsewhere; `order`: the graph launch order (`topological`)."""
         self.cc = cc
         self.fail_graph_launch = fail_graph_launch
         self.shared_optin = SHARED_OPTIN.get(cc, 101376) if shared_optin is None else shared_optin
@@ -439,6 +331,15 @@ class FakeDriver(FakeCalibration, _Graphs, _Modules, _Device):
         self.modules = {}
         self.capturing: Capture | None = None
         self.graphs = {}               # graph handle -> [Node] in capture order
+        self.graph_origins = {}        # graph handle -> its capture's origin stream
+        self.host_sizes = {}           # host ptr -> bytes asked of cuMemHostAlloc
+        if order not in ORDERS and not order.startswith("random:"):
+            raise ValueError(f"graph order {order!r}: one of {', '.join(ORDERS)} or random:SEED")
+        self.order = order
+        if execute and executor is None:
+            from tools.cpu_cuda.executor import Executor
+            executor = Executor(self)
+        self.executor = executor
         self.live_graphs = set()       # graph handles made and not yet destroyed
         self.live_execs = set()        # instantiated graphs not yet destroyed
         self.streams = 0               # stream handles handed out

@@ -24,9 +24,10 @@ FORWARD_SEQUENCE, UPDATE_SEQUENCE = 1, 2
 GOLDEN = GOLDEN / "tiny-digests-c0-s0.json"
 
 
-def before_forward(directory: Path) -> InterpretBackend:
-    """A fresh run's backend just before its forward issue: P drawn, M = V = 0, context 0."""
-    be = InterpretBackend(PROFILE)
+def before_forward(directory: Path, backend=None):
+    """A fresh run's backend just before its forward issue: P drawn, M = V = 0, context 0 (an
+    interpret backend, or `backend`, made by the caller)."""
+    be = InterpretBackend(PROFILE) if backend is None else backend
     be.upload_payload(ref.init_parameters(PROFILE).view(np.uint8))
     be.instantiate(T_BASE)
     stream = synthetic.ensure_default_stream(PROFILE, directory)

@@ -29,6 +29,8 @@ LIBRARY = "libcuda.so.1"
 LOG_ENV = "COPPELIUS_STUB_LOG"
 QUIET_ENV = "COPPELIUS_STUB_QUIET"       # "1": violations to the log only, not stderr
 CC_ENV = "COPPELIUS_STUB_CC"             # "8.6": the stub device's compute capability (default 9.0)
+EXECUTE_ENV = "COPPELIUS_STUB_EXECUTE"   # "1": processes attach the CPU executor (stub_execute/)
+EXECUTE_SITE = Path(__file__).resolve().parent / "stub_execute"
 CFLAGS = ("-std=gnu11", "-O2", "-g", "-Wall", "-Wextra", "-fPIC", "-shared",
           f"-Wl,-soname,{LIBRARY}")
 VIOLATION, LOADED, STATS = "VIOLATION ", "LOADED ", "STATS "
@@ -100,13 +102,21 @@ def built_or_skip() -> Path:
     return lib
 
 
-def env(log_path: Path | str, directory: Path = BUILD, base: dict | None = None, **extra) -> dict:
+def env(log_path: Path | str, directory: Path = BUILD, base: dict | None = None,
+        execute: bool = False, **extra) -> dict:
     """The environment of a subprocess whose cuda-bindings load the stub: LD_LIBRARY_PATH first
-    names the build directory, COPPELIUS_STUB_LOG the log; `extra`: COPPELIUS_STUB_* settings."""
+    names the build directory, COPPELIUS_STUB_LOG the log; `execute`: every Python process under
+    it attaches the CPU executor to the stub at start-up (stub_execute/sitecustomize.py), so its
+    Triton launches compute; `extra`: COPPELIUS_STUB_* settings."""
     out = dict(os.environ if base is None else base)
     before = out.get("LD_LIBRARY_PATH")
     out["LD_LIBRARY_PATH"] = str(directory) + (os.pathsep + before if before else "")
     out[LOG_ENV] = str(log_path)
+    if execute:
+        path = out.get("PYTHONPATH")
+        out["PYTHONPATH"] = os.pathsep.join([str(EXECUTE_SITE), str(ROOT)]
+                                            + ([path] if path else []))
+        out[EXECUTE_ENV] = "1"
     out.pop("CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM", None)
     out.update({k: str(v) for k, v in extra.items()})
     return out

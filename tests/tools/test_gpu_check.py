@@ -1,8 +1,8 @@
 """The budgeted device check, run for real without a GPU (`--dry-run`), and its rules.
 
-The dry run executes every phase (fake driver for the cuda-only steps, the interpret backend on the
-tiny profile for the runs, torch on the CPU) and must leave a filled report and at most 8 files in
-$OUT.  The runner's rules — skip what no longer fits, a timeout fails a phase and the next still
+The dry run executes every phase (fake driver for the cuda-only steps, its runs on the cuda backend
+computed on the CPU by tools.cpu_cuda with the tiny profile, torch on the CPU) and must leave a
+filled report and at most 8 files in $OUT; its runs meet the golden bit for bit.  The runner's rules — skip what no longer fits, a timeout fails a phase and the next still
 runs, the report rewritten after every phase — are checked on small phases of their own, and the
 cuda backend's per-launch event timing through the fake driver.
 """
@@ -102,11 +102,13 @@ def test_dry_run_figures_are_filled(dry_run):
     assert d["target"] == "sm_90a" and not d["functions_without_jit_log"]
     assert all(f["registers"] > 0 for f in d["function_table"])
     t = p["tiny"]
-    assert t["golden_verdict"] in ("bit-identical",                  # interpret: no tolerance used
-                                   "identical except time-dependent and environment fields"), t
+    # a cuda run computed on the CPU (tools.cpu_cuda): the golden's bits, what ran it apart
+    assert t["golden_verdict"] == ("identical except time-dependent, environment and identity "
+                                   "fields"), t
     assert all(s.get("max_abs", 0) == 0 for s in t["golden_sections"]), t["golden_sections"]
+    assert {r["field"] for r in t["identity"]} >= {"backend", "device_name"}, t["identity"]
     assert t["tiny"]["steps"] == TINY.steps and t["tiny"]["device_ms_p50"] > 0
-    # step 0's digests against the golden's (interpret on both sides here: every launch equal)
+    # step 0's digests against the golden's (cuda on the CPU against interpret: every launch equal)
     assert t["bisect"]["exit"] == 0 and t["bisect"]["same"] and t["bisect"]["first"] is None
     gt = p["gpu-tests"]
     assert gt["counts"] and gt["counts"].get("deselected", 0) >= len(phases.COVERED)

@@ -23,8 +23,9 @@ module's `main`, which tools/gpu_check.sh runs).
 
 --dry-run runs the same phases and code paths on a machine without a GPU: the cuda-only steps
 (doctor, per-launch timing, the experiments, the calibration) through tools/fake_driver.py (fake.py),
-every run on the interpret backend with the tiny profile and few steps, the sanitizer's commands
-without compute-sanitizer, torch on the CPU; the steps that must not need Triton on the GPU
+every run on the cuda backend with the tiny profile and few steps through tools.cpu_cuda (the fake
+driver executing every launch on the CPU, its memcheck standing in for the sanitizer's: the runs
+equal the interpret golden bit for bit), torch on the CPU; the steps that must not need Triton on the GPU
 machine (its Triton is not the project's pin) run with triton and torch blocked.  A fresh run is
 keyed by what it computes (profile, backend, steps): one already made in an earlier phase is
 reused.  `--profile P` / `--tiny-steps N` run GPU mode's production phases on another profile and
@@ -105,7 +106,7 @@ GPU = Mode("gpu", backend="cuda", production="coppelius", production_steps=200,
 # An idle 2-core CPU, measured (docs/PERFORMANCE.md): the interpreter's ~10 s per tiny step
 # dominates.  A shared CPU runs it several times slower, hence the wide timeouts: a dry run is for
 # executing every step, not for its timing.
-DRY = Mode("dry-run", backend="interpret", production="tiny", production_steps=8,
+DRY = Mode("dry-run", backend="cuda", production="tiny", production_steps=8,
            continuation=(1, 1), verify_tiny_steps=8, verify_production_steps=2,
            launch_repeats=3, bench_steps=3, bench_warmup=1, torch_device="cpu",
            compile_backend="aot_eager", fake=True, timeout_factor=5.0, timeout_extra_s=120.0,
@@ -155,7 +156,8 @@ PHASES = [
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="bash tools/gpu_check.sh", description=__doc__.splitlines()[0])
     ap.add_argument("--dry-run", action="store_true",
-                    help="every phase without a GPU: fake driver, interpret backend, torch on CPU")
+                    help="every phase without a GPU: the fake driver (executing on the CPU), "
+                    "torch on CPU")
     ap.add_argument("--budget", type=float, help=f"seconds for all phases (default: "
                     f"{DEFAULT_BUDGET_S['gpu']:.0f} on a GPU, {DEFAULT_BUDGET_S['dry-run']:.0f} "
                     f"for the dry run; a rerun: {RERUN_BUDGET_S:.0f})")
@@ -177,9 +179,6 @@ def main(argv=None) -> int:
         if a.profile not in profiles.names():
             ap.error(f"unknown profile {a.profile!r}: one of {', '.join(profiles.names())}")
     mode = for_profile(mode, a.profile, a.tiny_steps)
-    if a.dry_run:           # the interpret runs against the golden: its sgemm family
-        from tools.blas_pin import pin
-        pin()
     budget = a.budget if a.budget is not None else DEFAULT_BUDGET_S[mode.name]
     only = None
     if a.phases:

@@ -1,8 +1,10 @@
 """The device check's commands in the mode they run in: the CLI, the cuda tools, fresh runs.
 
 A phase builds its commands here, so that each mode's difference lives in one place: the dry
-run's cuda-only steps go through tools.gpu_check.fake with triton and torch blocked, and every
-`coppelius run` and cuda tool waits at most the mode's fence timeout.  A run that failed and left
+run's cuda-only steps go through tools.gpu_check.fake with triton and torch blocked, its cuda runs
+through tools.cpu_cuda (the fake driver executing every launch on the CPU: the same bits as the
+interpret golden), and every `coppelius run` and cuda tool waits at most the mode's fence
+timeout.  A run that failed and left
 a result file is described by `coppelius inspect --json` of it (`forensics`): its outcome, the
 error notifier and the last issues, so a FenceTimeout or a device error names itself.
 """
@@ -16,6 +18,7 @@ from tools.gpu_check.runner import Context, Done
 
 LAST_ISSUES = 4         # timestamp rows of a failed run quoted in the report
 FAKE = "tools.gpu_check.fake"       # the dry run's driver: tools/fake_driver.py
+CPU_CUDA = "tools.cpu_cuda"         # the dry run's computing driver (tools/cpu_cuda/)
 
 
 @dataclass
@@ -27,9 +30,12 @@ class FreshRun:
     phase: str
 
 
-def cli(ctx: Context, *args, needs_triton: bool = False) -> list:
+def cli(ctx: Context, *args, needs_triton: bool = False, computes: bool = False) -> list:
     """`coppelius ARGS`; in the dry run a step that must not need Triton runs with it blocked
-    (and the fake driver installed: it is never used by a step that reaches no GPU)."""
+    (and the fake driver installed: it is never used by a step that reaches no GPU), and a cuda
+    run that `computes` on the executing fake driver (tools.cpu_cuda)."""
+    if ctx.mode.fake and computes:
+        return [sys.executable, "-m", CPU_CUDA, *args]
     if ctx.mode.fake and not needs_triton:
         return [sys.executable, "-m", FAKE, "--no-triton", "-m", "tools.checkout", *args]
     return [sys.executable, "-m", "tools.checkout", *args]
@@ -51,7 +57,7 @@ def run_argv(ctx: Context, profile: str, steps, checkpoint: Path, result: Path,
     return cli(ctx, "run", "--profile", profile, "--backend", backend, "--quiet",
                "--steps", steps, "--directory", ctx.check.streams, "--checkpoint", checkpoint,
                "--result", result, "--fence-timeout", fence_timeout_s or ctx.mode.fence_timeout_s,
-               needs_triton=backend == "interpret")
+               needs_triton=backend == "interpret", computes=backend == "cuda")
 
 
 def forensics(ctx: Context, label: str, result: Path) -> dict | None:

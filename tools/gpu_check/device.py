@@ -177,7 +177,8 @@ def phase_sanitizer(ctx: Context) -> str:
     run = cli(ctx, "run", "--profile", "tiny", "--backend", m.backend, "--quiet",
               "--steps", m.sanitizer_steps, "--directory", ctx.check.streams,
               "--checkpoint", ckpt, "--result", result,
-              "--fence-timeout", m.sanitizer_fence_timeout_s, needs_triton=m.backend == "interpret")
+              "--fence-timeout", m.sanitizer_fence_timeout_s, needs_triton=m.backend == "interpret",
+              computes=m.backend == "cuda")
     mem = ctx.sh("memcheck", _sanitized(ctx, tool, "memcheck", run))
     mem_found = findings(mem.text)
     expect_run(ctx, f"memcheck: {m.sanitizer_steps} tiny steps", mem, result)

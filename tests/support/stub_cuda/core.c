@@ -115,11 +115,11 @@ static void write_stats(void)
     snprintf(line, sizeof line, "STATS pid=%d launches=%lu captured=%lu programmatic=%lu "
              "graph_launches=%lu released=%lu staged=%lu copied_kernels=%lu copies=%lu "
              "copy_bytes=%lu memsets=%lu violations=%lu priority_nodes=%lu "
-             "node_priority_graphs=%lu\n", (int)getpid(), G.stats.launches,
-             G.stats.captured, G.stats.programmatic, G.stats.graph_launches, G.stats.released,
-             G.stats.staged, G.stats.copied_kernels, G.stats.copies, G.stats.copy_bytes,
-             G.stats.memsets, G.stats.violations, G.stats.priority_nodes,
-             G.stats.node_priority_graphs);
+             "node_priority_graphs=%lu executed=%lu corrupted=%lu\n", (int)getpid(),
+             G.stats.launches, G.stats.captured, G.stats.programmatic, G.stats.graph_launches,
+             G.stats.released, G.stats.staged, G.stats.copied_kernels, G.stats.copies,
+             G.stats.copy_bytes, G.stats.memsets, G.stats.violations, G.stats.priority_nodes,
+             G.stats.node_priority_graphs, G.stats.executed, G.stats.corrupted);
     log_line(line, 0);
 }
 

@@ -1,8 +1,9 @@
 /* Kernel launches: the launch checked against the PTX the function came from, its parameter
  * values copied (as the driver copies them at launch or capture), and at run time its pointers
- * checked against the live allocations.  Three kernels are executed, all data movement: the
- * hand-written release and release_stage_in (plan/kernels/release*.ptx) and Triton's copy_f32
- * (the records the run reads); every other kernel is checked, not computed. */
+ * checked against the live allocations.  The hand-written release and release_stage_in
+ * (plan/kernels/release*.ptx) are executed here; with an executor attached (execute.c) every
+ * Triton kernel is run by it; without, only Triton's copy_f32 (the records the run reads) is
+ * executed, in C, and every other kernel is checked, not computed. */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
@@ -169,7 +170,7 @@ static CUresult execute(const struct ptx_entry *e, const unsigned char *blob, co
             return r;
         uint32_t seq = __atomic_load_n(bell, __ATOMIC_RELAXED);
         if (stage_in)
-            issue_hooks(seq);
+            G.sequence = seq, issue_hooks(seq);
         if (stage_in) {
             memcpy(dst, src, INPUT_RECORD_BYTES);
             memcpy(dst + INPUT_RECORD_BYTES, &seq, sizeof seq);
@@ -198,6 +199,8 @@ CUresult run_kernel_node(const struct node *nd, const char *call)
         return fault(CUDA_ERROR_LAUNCH_FAILED, call, "a captured kernel's module was unloaded");
     snprintf(name, sizeof name, "%s(%s)", call, f->entry->name);
     CUresult r = check_pointers(f->entry, nd->params, name, 0);
+    if (r == CUDA_SUCCESS && f->entry->triton && executor_attached())
+        return executor_launch(f, nd, name);      /* every Triton kernel, copy_f32 included */
     return r == CUDA_SUCCESS ? execute(f->entry, nd->params, name) : r;
 }
 

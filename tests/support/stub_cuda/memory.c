@@ -65,6 +65,20 @@ static void insert_dev(struct alloc a)
 
 int alloc_contains(CUdeviceptr d) { return find_dev(d) >= 0; }
 
+/* exported for the executor (execute.c): the live allocation or mapped range holding device
+ * address d — its device base, size and host address — or 0.  Takes no lock: its caller, a
+ * kernel hook, runs under the stub's. */
+int coppelius_stub_region(CUdeviceptr d, CUdeviceptr *base, size_t *size, uintptr_t *host)
+{
+    int i = find_dev(d);
+    if (i < 0)
+        return 0;
+    *base = dev_allocs[i].dev;
+    *size = dev_allocs[i].size;
+    *host = dev_allocs[i].host;
+    return 1;
+}
+
 int is_device_address(CUdeviceptr d) { return d >= DEVICE_ALIAS; }
 
 /* the host address of device bytes [d, d + n) when they lie in one live allocation, else NULL */

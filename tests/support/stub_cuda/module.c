@@ -137,7 +137,10 @@ static CUresult load(CUhandle *module, const char *image, struct jit_logs *j)
     write_log(j->info, j->info_n, j->info_slot, info);
     write_log(j->error, j->error_n, j->error_slot, "");
     free(info);
-    return make_module(&ptx, module);
+    r = make_module(&ptx, module);
+    if (r == CUDA_SUCCESS)
+        executor_module_loaded(*module, image);
+    return r;
 }
 
 CUresult cuModuleLoadDataEx(CUhandle *module, const void *image, unsigned n, int *options,

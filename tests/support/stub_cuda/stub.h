@@ -136,6 +136,7 @@ struct stub {
     uint32_t ctx_gen;
     char name[64];
     CUresult sticky;            /* a fault: every later call that touches the device returns it */
+    uint32_t sequence;          /* the doorbell's value at the last stage-in: the issue running */
     unsigned next_capture_id;
     struct module modules[MAX_MODULES];
     struct function functions[MAX_FUNCTIONS];
@@ -145,7 +146,7 @@ struct stub {
     struct capture captures[MAX_CAPTURES];
     struct { unsigned long launches, captured, programmatic, graph_launches, released, staged,
              copied_kernels, copies, copy_bytes, memsets, violations, priority_nodes,
-             node_priority_graphs, corrupted; } stats;
+             node_priority_graphs, corrupted, executed; } stats;
 };
 extern struct stub G;
 
@@ -196,6 +197,11 @@ void issue_hooks(uint32_t sequence);
 
 /* launch.c */
 CUresult run_kernel_node(const struct node *nd, const char *call);
+
+/* execute.c */
+int executor_attached(void);
+void executor_module_loaded(CUhandle module, const char *image);
+CUresult executor_launch(const struct function *f, const struct node *nd, const char *call);
 
 /* ptx.c */
 int ptx_parse(const char *text, struct ptx_module *out, char *err, size_t errlen);
