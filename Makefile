@@ -22,7 +22,7 @@ BINDINGS_12 := cuda-bindings>=12.9.1,<13
 BINDINGS_13 := cuda-bindings>=13.0.0,<14
 BINDINGS = $(BINDINGS_$(strip $(CUDA_MAJOR)))
 
-.PHONY: run test demo clean
+.PHONY: run test test-cpu-matrix demo clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -44,7 +44,14 @@ run: $(VENV)/.runtime
 	$(BIN)/coppelius run $(ARGS)
 
 test: $(VENV)/.dev
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m 'not cpu_matrix' $(PYTEST_ARGS)
+
+# the tiny golden run under every OpenBLAS family, thread count and numpy dispatch level this CPU
+# can emulate (tests/host/run/test_cpu_independence.py; ~3 min a family on 2 cores): CI runs it
+# after `make test`, whose golden checks run the matrix's two ends
+test-cpu-matrix: $(VENV)/.dev
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m cpu_matrix $(PYTEST_ARGS) \
+		tests/host/run/test_cpu_independence.py
 
 # a fresh start every time (an empty checkpoint file); the tiny stream stays cached in $(DEMO)/
 demo: $(VENV)/.demo
