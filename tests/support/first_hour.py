@@ -48,3 +48,20 @@ def run_script(script: str, cwd: Path, timeout: float = BLOCK_TIMEOUT_S,
     """`bash -e -x` over the script (each command echoed to stderr before it runs)."""
     return subprocess.run(["bash", "-e", "-x", "-c", script], cwd=cwd, capture_output=True,
                           text=True, timeout=timeout, env=env or clean_env())
+
+
+def refusal(capsys, argv) -> str:
+    """The one line of a refused command run in-process (exit 2, no traceback)."""
+    from coppelius import cli
+    assert cli.main([str(a) for a in argv]) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def hint_of(line: str) -> str:
+    """The hint of a refusal's line: what follows "(hint: " up to its closing parenthesis."""
+    m = re.search(r"\(hint: (.*)\)$", line)
+    assert m, line
+    return m.group(1)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import time
 import urllib.error
@@ -24,7 +23,7 @@ from pathlib import Path
 from tests.support import daemons
 
 PROMETHEUS, NODE_EXPORTER, PROMTOOL = "prometheus", "prometheus-node-exporter", "promtool"
-LOOPBACK = "127.0.0.1"
+LOOPBACK = daemons.LOOPBACK
 SCRAPE_S = 1                # scrape and rule evaluation interval: a verdict is seen in seconds
 UP_TIMEOUT_S = 30           # each daemon answers in about a second here
 POLL_S = 0.2
@@ -40,20 +39,6 @@ def why_unavailable() -> str | None:
         return (f"Prometheus is not installed ({', '.join(missing)} missing): .ci/run installs "
                 "the distribution's prometheus and prometheus-node-exporter when it runs as root")
     return None
-
-
-def free_ports(n: int) -> list[int]:
-    """n distinct TCP ports free on the loopback address now (bound, read, released together)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind((LOOPBACK, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def _get(url: str) -> tuple[int, bytes]:
@@ -77,7 +62,7 @@ class Monitoring:
         self.textfile_dir = Path(textfile_dir)
         self.rules = [str(r) for r in rules]
         self.procs: list[subprocess.Popen] = []
-        self.exporter_port, self.prometheus_port = free_ports(2)
+        self.exporter_port, self.prometheus_port = daemons.free_ports(2)
         self.base = f"http://{LOOPBACK}:{self.prometheus_port}"
 
     @property

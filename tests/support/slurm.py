@@ -23,7 +23,7 @@ DAEMONS = ("slurmctld", "slurmd")
 CLIENTS = ("sbatch", "squeue", "sinfo", "scontrol", "sacct")
 UP_TIMEOUT_S = 30           # the daemons are up and every node idle in about a second here
 POLL_S = 0.1
-LOOPBACK = "127.0.0.1"
+LOOPBACK = daemons.LOOPBACK
 
 
 class SlurmUnavailable(Exception):
@@ -46,20 +46,6 @@ def _executable(name: str) -> str:
     return shutil.which(name) or str(Path("/usr/sbin", name))
 
 
-def _free_ports(n: int) -> list[int]:
-    """n distinct TCP ports free on the loopback address now (bound, read, released together)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind((LOOPBACK, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 class Cluster:
     """`with Cluster(tmp, nodes=3) as c:` a controller and `nodes` slurmd, all idle on entry.
 
@@ -79,7 +65,7 @@ class Cluster:
         return [p.pid for p in self.procs]
 
     def _write_config(self) -> None:
-        ctl, *node_ports = _free_ports(1 + len(self.names))
+        ctl, *node_ports = daemons.free_ports(1 + len(self.names))
         host = socket.gethostname()
         for sub in ("state", "spool", "log"):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)

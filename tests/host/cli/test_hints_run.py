@@ -35,7 +35,7 @@ from coppelius.plan import profiles
 from coppelius.staging import tokens as tk
 
 from tests.support.fake_driver_fixture import install_for_runs
-from tests.support.first_hour import clean_env
+from tests.support.first_hour import clean_env, hint_of, refusal
 from tests.support.paths import ROOT
 
 TINY = profiles.get("tiny")
@@ -56,19 +56,6 @@ def no_backend(monkeypatch):
     monkeypatch.setattr(loop, "make_backend", reached)
 
 
-def refusal(capsys, argv) -> str:
-    """The one line of a refused command (exit 2)."""
-    assert cli.main([str(a) for a in argv]) == 2
-    err = capsys.readouterr().err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
-
-
-def hint_of(line: str) -> str:
-    m = re.search(r"\(hint: (.*)\)$", line)
-    assert m, line
-    return m.group(1)
 
 
 def coppelius_command(hint: str) -> list[str]:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from coppelius.cli import main
+from tests.support.first_hour import hint_of, refusal
 
 pytest.importorskip("safetensors", reason="the `hf` extra (safetensors) is not installed")
 
@@ -31,18 +32,6 @@ def tree(root: Path) -> dict:
     return out
 
 
-def refused_line(capsys, argv) -> str:
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
-
-
-def hint_of(line: str) -> str:
-    m = re.search(r"\(hint: (.*)\)$", line)
-    assert m, line
-    return m.group(1)
 
 
 def follow(capsys, hint: str) -> Path:
@@ -92,7 +81,7 @@ def test_a_directory_that_is_not_an_export_is_never_replaced(tiny_checkpoint, tm
     target = tmp_path / "project"
     ck = plant(kind, target, tiny_checkpoint[0])
     before = tree(tmp_path)
-    line = refused_line(capsys, ["export", str(ck), str(target)]
+    line = refusal(capsys, ["export", str(ck), str(target)]
                         + (["--overwrite"] if overwrite else []))
     assert tree(tmp_path) == before, f"{kind}: the refusal changed {tmp_path}"
     assert "is not a previous export" in line and "--overwrite" not in hint_of(line), line
@@ -113,7 +102,7 @@ def test_the_demo_directory_case(tiny_checkpoint, tmp_path, capsys, monkeypatch)
     shutil.copy(tiny_checkpoint[0], demo / "tiny.ckpt")
     (demo / "tiny-result-c0.bin").write_bytes(b"r")
     before = tree(tmp_path)
-    line = refused_line(capsys, ["export", "coppelius-demo/tiny.ckpt", "coppelius-demo",
+    line = refusal(capsys, ["export", "coppelius-demo/tiny.ckpt", "coppelius-demo",
                                  "--overwrite"])
     assert "holds the checkpoint being exported" in line, line
     assert hint_of(line) == ("name a new directory: coppelius export coppelius-demo/tiny.ckpt "
@@ -129,7 +118,7 @@ def test_a_previous_export_is_replaced_and_only_its_files_go(tiny_checkpoint, tm
     ck = str(tiny_checkpoint[0])
     assert main(["export", ck, str(out)]) == 0
     fp32 = (out / "model.safetensors").stat().st_size
-    line = refused_line(capsys, ["export", ck, str(out), "--dtype", "bf16"])
+    line = refusal(capsys, ["export", ck, str(out), "--dtype", "bf16"])
     assert hint_of(line).startswith("pass --overwrite"), line
     assert main(["export", ck, str(out), "--dtype", "bf16", "--overwrite"]) == 0
     assert (out / "model.safetensors").stat().st_size < fp32
